@@ -1,0 +1,27 @@
+# The two front-door commands: `make serve` and `make test` (see README.md).
+PY ?= python3
+PIP = $(PY) -m pip
+APT_PACKAGES = espeak-ng sox chromium sip-tester iproute2 util-linux nodejs
+# Every test runs in a network namespace that holds only loopback: no packet leaves the machine.
+NETNS = unshare --net -- bash -c
+
+.PHONY: install install-test serve test test-fast
+
+install:
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+
+install-test: install
+	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); }
+	$(PIP) install -q -e '.[test]'
+
+serve: install
+	$(PY) -m duplex.serve
+
+test: install-test
+	$(NETNS) 'ip link set lo up && HF_HUB_OFFLINE=1 exec $(PY) -m pytest -q -p no:cacheprovider tests'
+
+# Without the installs, for the edit-test loop.
+test-fast:
+	$(NETNS) 'ip link set lo up && HF_HUB_OFFLINE=1 exec $(PY) -m pytest -q -x -p no:cacheprovider tests'

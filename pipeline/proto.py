@@ -1,0 +1,181 @@
+"""Messages of the pipeline: requests, payloads between stages, and control messages.
+
+Every message is a frozen-ish dataclass. One serialisation mechanism serves them all: pickle for the
+control plane, with tensors and arrays lifted out onto the data plane by the transport
+(``pipeline.transport``); no class writes its own ``to_dict``.
+
+Ownership: a message belongs to whoever holds it last. The transport that delivers a message across
+processes owns the shared memory behind its tensors until the receiver has copied them out and
+acknowledged (see ``pipeline.transport.shm``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+COORDINATOR = "coordinator"
+"""Endpoint name of the coordinator on the control plane; stages use their own names."""
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex[:16]}"
+
+
+@dataclass
+class OmniRequest:
+    """One model request. Its ``request_id`` is fixed by whoever submits it and carried to the end.
+
+    ``inputs`` holds what the model consumes (``audio``: float32 mono array, ``sample_rate``,
+    ``messages``: chat history, ``text``); ``params`` holds caps and options (``max_new_tokens``,
+    ``voice``, ``modalities``, ...). Both are plain data; the pipeline core never looks inside.
+    """
+
+    request_id: str
+    inputs: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StagePayload:
+    """What flows between stages for one request: the request's params and this hop's data.
+
+    ``data`` may hold torch tensors and numpy arrays; across processes they ride shared memory.
+    """
+
+    request_id: str
+    data: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OutputChunk:
+    """A piece of a terminal stage's output, as the coordinator hands it to clients.
+
+    Well-known keys in ``data``: ``text`` (a text delta), ``audio`` (float32 mono samples),
+    ``sample_rate`` (of ``audio``), ``token_ids``, ``usage``. ``final`` marks the stage's last chunk.
+    """
+
+    request_id: str
+    stage: str
+    data: dict[str, Any]
+    final: bool = False
+
+
+# --- control messages -------------------------------------------------------------------------
+
+
+@dataclass
+class Submit:
+    """A whole payload for ``target``'s scheduler: from the coordinator (entry) or a ``next`` edge."""
+
+    payload: StagePayload
+    source: str
+
+
+@dataclass
+class StreamChunk:
+    """One piece of a stream from ``source`` (a ``stream_to`` edge, or a terminal to the coordinator)."""
+
+    payload: StagePayload
+    source: str
+    seq: int
+
+
+@dataclass
+class StreamDone:
+    """The end of ``source``'s stream for a request; ``payload`` may carry final data."""
+
+    payload: StagePayload
+    source: str
+    seq: int
+
+
+@dataclass
+class Complete:
+    """A terminal stage finished a request (after its last StreamChunk to the coordinator)."""
+
+    request_id: str
+    source: str
+
+
+@dataclass
+class Failed:
+    """A stage failed a request; the coordinator fails the whole request with this error."""
+
+    request_id: str
+    source: str
+    error: str
+
+
+@dataclass
+class Abort:
+    """Forget ``request_id`` everywhere. Idempotent; each stage answers with an AbortAck."""
+
+    request_id: str
+
+
+@dataclass
+class AbortAck:
+    """``source`` holds no more state for ``request_id`` and will drop any late data for it."""
+
+    request_id: str
+    source: str
+
+
+@dataclass
+class StatsRequest:
+    """Ask a stage for a fresh StageStats; ``token`` pairs the reply with the question."""
+
+    token: int
+
+
+@dataclass
+class StageStats:
+    """A stage's live per-request state and timings, reported to the coordinator.
+
+    ``step_seconds`` holds the compute-step durations since the previous report.
+    """
+
+    source: str
+    live_requests: int
+    queue_depth: int
+    step_seconds: list[float] = field(default_factory=list)
+    token: int | None = None
+
+
+@dataclass
+class Ready:
+    """A stage has loaded its model and serves."""
+
+    source: str
+
+
+@dataclass
+class StageCrashed:
+    """A stage could not start or its process died; the pipeline cannot serve."""
+
+    source: str
+    error: str
+
+
+@dataclass
+class Shutdown:
+    """Stop serving and release everything."""
+
+
+ControlMessage = (
+    Submit
+    | StreamChunk
+    | StreamDone
+    | Complete
+    | Failed
+    | Abort
+    | AbortAck
+    | StatsRequest
+    | StageStats
+    | Ready
+    | StageCrashed
+    | Shutdown
+)

@@ -1,0 +1,159 @@
+"""The scheduler contract: what a stage drives, and what each kind of model runner provides.
+
+A stage owns exactly one scheduler and drives it from one worker thread: it hands over inputs
+(``add``, ``feed``, ``close_stream``), aborts (``abort``) and calls ``step`` while ``has_work``.
+The scheduler therefore needs no locks. It owns every piece of per-request state of its stage
+(KV slots, streaming state, pending inputs) from the first input of a request until the request's
+final output, its failure or its abort, and ``live_requests`` counts exactly that state.
+
+Three schedulers implement the contract (``simple``, ``ar``, ``vocoder``); each drives a model
+runner of its own shape (``BatchRunner``, ``ARRunner``, ``VocoderRunner``), built by a stage factory
+in ``pipeline/models/``. The stage never asks which scheduler or runner it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from pipeline.proto import StagePayload
+
+
+@dataclass
+class StageOutput:
+    """One output of a step: a stream chunk (``final=False``) or the request's last output."""
+
+    request_id: str
+    data: dict[str, Any]
+    final: bool = False
+
+
+@dataclass
+class RequestFailure:
+    """A step failed one request; its state is already released when this is returned."""
+
+    request_id: str
+    error: str
+
+
+StepResult = StageOutput | RequestFailure
+
+
+class RequestError(Exception):
+    """Raised by a runner for an error that belongs to one request, not to the whole batch."""
+
+    def __init__(self, request_id: str, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    def add(self, payload: StagePayload) -> None:
+        """A whole input for a request (entry or a ``next`` edge; fan-in is already merged)."""
+
+    def feed(self, payload: StagePayload) -> None:
+        """One chunk of a streamed input, in order; the first chunk of a request starts it."""
+
+    def close_stream(self, payload: StagePayload) -> None:
+        """The streamed input of a request has ended; ``payload.data`` may carry final data."""
+
+    def abort(self, request_id: str) -> None:
+        """Release everything held for ``request_id``. Idempotent; unknown ids are fine."""
+
+    def has_work(self) -> bool:
+        """Whether ``step`` would do anything now."""
+
+    def step(self) -> list[StepResult]:
+        """Run one unit of compute for every runnable request (one batch)."""
+
+    def live_requests(self) -> int:
+        """Requests that hold state in this scheduler now."""
+
+    def queue_depth(self) -> int:
+        """Inputs waiting to be computed."""
+
+
+# --- runners: what pipeline/models/ provides for each scheduler ------------------------------
+
+
+@dataclass
+class BatchItem:
+    """One unit of work for a BatchRunner: a whole input, or one chunk of a streamed input."""
+
+    payload: StagePayload
+    final: bool
+
+
+class BatchRunner(Protocol):
+    """Stateless compute (``simple`` scheduler): one output per item, in the same order."""
+
+    def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]: ...
+
+
+@dataclass
+class ARSlot:
+    """One request in an autoregressive scheduler; owned by the scheduler, keyed by request_id.
+
+    ``state`` is the runner's per-request state (its KV cache, counters); the scheduler hands it
+    back to ``ARRunner.release`` when the request finishes, fails or is aborted. ``steps`` counts
+    the steps that emitted output; ``cap`` is the output cap from the stage config and the request's
+    params, before the runner's own ``output_cap``.
+    """
+
+    request_id: str
+    params: dict[str, Any]
+    state: Any
+    cap: int
+    steps: int = 0
+    input_closed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ARStepResult:
+    """What one step produced for one slot: output data to stream (or None) and whether it ended."""
+
+    data: dict[str, Any] | None
+    finished: bool = False
+
+
+class ARRunner(Protocol):
+    """Autoregressive compute (``ar`` scheduler): prefill then decode, one step for a whole batch."""
+
+    def new_state(self, payload: StagePayload) -> Any:
+        """Per-request state for a new request (no compute needed yet)."""
+
+    def feed(self, slot: ARSlot, payload: StagePayload) -> None:
+        """A streamed input chunk (e.g. the thinker's next token for the talker)."""
+
+    def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
+        """The streamed input ended; ``payload.data`` may carry final data."""
+
+    def runnable(self, slot: ARSlot) -> bool:
+        """Whether the slot has every input its next step needs."""
+
+    def output_cap(self, slot: ARSlot) -> int | None:
+        """A model-specific cap on output steps (e.g. talker frames tied to text length), or None."""
+
+    def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
+        """One forward for the batch (prefill for new slots, decode for the others)."""
+
+    def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
+        """Final data when the request ends (``capped``: it hit its cap); None for no extra chunk."""
+
+    def release(self, slot: ARSlot) -> None:
+        """Free the slot's KV cache and state."""
+
+
+class VocoderRunner(Protocol):
+    """Streaming decode with causal state (``vocoder`` scheduler)."""
+
+    def new_state(self, payload: StagePayload) -> Any:
+        """Per-request causal state (convolution histories, attention cache)."""
+
+    def decode(self, state: Any, chunks: list[dict[str, Any]], final: bool) -> dict[str, Any]:
+        """Decode the pending chunks (may be empty when ``final``) and return output data."""
+
+    def release(self, state: Any) -> None:
+        """Free the causal state."""

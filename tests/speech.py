@@ -1,0 +1,50 @@
+"""Speech fixtures made at test time with espeak-ng and sox (a user's clone ships no audio).
+
+Files are cached per process in a temporary directory; each call returns the path of a 16-bit PCM
+mono WAV, or the samples as float32 at the requested rate.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import subprocess
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+
+_DIR = Path(tempfile.mkdtemp(prefix="duplex-speech-"))
+
+
+@functools.cache
+def speech_wav(
+    text: str, rate: int = 48000, pad_before_s: float = 0.5, pad_after_s: float = 1.0
+) -> Path:
+    """espeak-ng speech of ``text`` as a 16-bit mono WAV at ``rate``, padded with silence."""
+    key = hashlib.sha1(f"{text}|{rate}|{pad_before_s}|{pad_after_s}".encode()).hexdigest()[:12]
+    raw = _DIR / f"{key}.raw.wav"
+    out = _DIR / f"{key}.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), text], check=True)
+    subprocess.run(
+        ["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", "-e", "signed-integer",
+         str(out), "pad", str(pad_before_s), str(pad_after_s)],
+        check=True,
+    )
+    return out
+
+
+def read_wav(path: Path) -> tuple[np.ndarray, int]:
+    """Samples of a 16-bit mono WAV as float32 in [-1, 1], and its rate."""
+    with wave.open(str(path), "rb") as w:
+        assert w.getsampwidth() == 2 and w.getnchannels() == 1, path
+        frames = w.readframes(w.getnframes())
+        return np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0, w.getframerate()
+
+
+def speech(text: str, rate: int = 16000, pad_before_s: float = 0.5, pad_after_s: float = 1.0) -> np.ndarray:
+    """espeak-ng speech of ``text`` as float32 samples at ``rate``."""
+    samples, got = read_wav(speech_wav(text, rate, pad_before_s, pad_after_s))
+    assert got == rate
+    return samples
