@@ -83,20 +83,32 @@ class PipelineConfig(BaseModel):
                         )
                     if target == s.name:
                         raise ValueError(f"stages.{s.name}.{field_name}: a stage cannot feed itself")
-        feeders: dict[str, set[str]] = {n: set() for n in names}
+        next_feeders: dict[str, set[str]] = {n: set() for n in names}
+        stream_feeders: dict[str, set[str]] = {n: set() for n in names}
         for s in self.stages:
-            for target in s.next + s.stream_to:
-                feeders[target].add(s.name)
+            for target in s.next:
+                next_feeders[target].add(s.name)
+            for target in s.stream_to:
+                stream_feeders[target].add(s.name)
         for s in self.stages:
-            missing = set(s.wait_for) - feeders[s.name]
-            if missing:
+            feeders = next_feeders[s.name] | stream_feeders[s.name]
+            if set(s.wait_for) != next_feeders[s.name] and (s.wait_for or len(next_feeders[s.name]) > 1):
                 raise ValueError(
-                    f"stages.{s.name}.wait_for: {sorted(missing)} never send to {s.name!r} "
-                    "(add it to their next or stream_to)"
+                    f"stages.{s.name}.wait_for: must list exactly the stages whose next is "
+                    f"{s.name!r} ({sorted(next_feeders[s.name])}), got {sorted(s.wait_for)}"
                 )
-            if s.name != self.entry and not feeders[s.name]:
+            if len(stream_feeders[s.name]) > 1:
+                raise ValueError(
+                    f"stages.{s.name}: streamed from several stages {sorted(stream_feeders[s.name])};"
+                    " one stream source per stage"
+                )
+            if next_feeders[s.name] and stream_feeders[s.name]:
+                raise ValueError(
+                    f"stages.{s.name}: fed both by next and by stream_to; use one kind of edge"
+                )
+            if s.name != self.entry and not feeders:
                 raise ValueError(f"stages.{s.name}: no stage feeds it and it is not the entry")
-            if s.name == self.entry and feeders[s.name]:
+            if s.name == self.entry and feeders:
                 raise ValueError(f"entry: {s.name!r} must not be fed by other stages")
             if not s.terminal and not (s.next or s.stream_to):
                 raise ValueError(f"stages.{s.name}: neither terminal nor feeding any stage")

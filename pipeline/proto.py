@@ -85,19 +85,15 @@ class StreamChunk:
 
 @dataclass
 class StreamDone:
-    """The end of ``source``'s stream for a request; ``payload`` may carry final data."""
+    """The end of ``source``'s stream for a request; ``payload`` may carry final data.
+
+    Sent by a stage to its ``stream_to`` targets, and by a terminal stage to the coordinator, for
+    which it means "this terminal completed the request".
+    """
 
     payload: StagePayload
     source: str
     seq: int
-
-
-@dataclass
-class Complete:
-    """A terminal stage finished a request (after its last StreamChunk to the coordinator)."""
-
-    request_id: str
-    source: str
 
 
 @dataclass
@@ -141,6 +137,7 @@ class StageStats:
     source: str
     live_requests: int
     queue_depth: int
+    shm_bytes: int = 0
     step_seconds: list[float] = field(default_factory=list)
     token: int | None = None
 
@@ -169,7 +166,6 @@ ControlMessage = (
     Submit
     | StreamChunk
     | StreamDone
-    | Complete
     | Failed
     | Abort
     | AbortAck

@@ -47,6 +47,13 @@ class RequestError(Exception):
         self.request_id = request_id
 
 
+def describe_error(err: BaseException) -> str:
+    """The message a client sees for a failed request: a RequestError's own words, else the type."""
+    if isinstance(err, RequestError):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
+
+
 @runtime_checkable
 class Scheduler(Protocol):
     def add(self, payload: StagePayload) -> None:

@@ -1,0 +1,331 @@
+"""The coordinator: request lifecycle, entry, merge of terminal stages, abort broadcast and acks.
+
+This is the pipeline's client API, and the only way ``duplex/`` reaches a model:
+``stream(request)`` yields OutputChunks until every terminal stage completed, and ``abort(id)``
+returns once every stage acknowledged that it holds nothing of the request.
+
+Per-request state here: one ``_Flight`` per request from ``stream`` until its last chunk, its failure
+or its abort (bounded by ``max_in_flight``), and one ``_Abort`` per abort until every stage acked.
+Ended request ids are remembered (bounded) so that an aborted id can never be submitted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from pipeline import metrics
+from pipeline.config import PipelineConfig
+from pipeline.proto import (
+    Abort,
+    AbortAck,
+    ControlMessage,
+    Failed,
+    OmniRequest,
+    OutputChunk,
+    Ready,
+    Shutdown,
+    StageCrashed,
+    StageStats,
+    StagePayload,
+    StatsRequest,
+    StreamChunk,
+    StreamDone,
+    Submit,
+    COORDINATOR,
+)
+from pipeline.transport.base import Endpoint
+
+log = logging.getLogger(__name__)
+
+ENDED_MEMORY = 65536
+
+
+class PipelineError(RuntimeError):
+    """A request failed in a stage (or the pipeline cannot serve)."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(f"{stage}: {message}")
+        self.stage = stage
+        self.message = message
+
+
+class PipelineOverloaded(RuntimeError):
+    """More than ``max_in_flight`` requests: rejected at once rather than queued without bound."""
+
+
+@dataclass
+class _Flight:
+    chunks: asyncio.Queue[OutputChunk | PipelineError | None] = field(default_factory=asyncio.Queue)
+    pending_terminals: set[str] = field(default_factory=set)
+    finished: bool = False
+
+
+@dataclass
+class _Abort:
+    pending: set[str]
+    started: float
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Coordinator:
+    """Owns the coordinator endpoint and the bookkeeping of every request in flight.
+
+    ``shutdown_hook`` (set by the runner) stops stage processes or tasks when the coordinator closes.
+    """
+
+    def __init__(self, config: PipelineConfig, endpoint: Endpoint, output_sample_rate: int | None) -> None:
+        self.config = config
+        self.output_sample_rate = output_sample_rate
+        self._endpoint = endpoint
+        self._stages = [s.name for s in config.stages]
+        self._flights: dict[str, _Flight] = {}
+        self._aborts: dict[str, _Abort] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._ready_stages: set[str] = set()
+        self._all_ready = asyncio.Event()
+        self._broken: PipelineError | None = None
+        self._stats: dict[str, StageStats] = {}
+        self._stats_waiters: dict[int, tuple[set[str], asyncio.Future[None]]] = {}
+        self._tokens = itertools.count(1)
+        self._shm_by_stage: dict[str, int] = {}
+        self._crashed: dict[str, str] = {}
+        self._receiver: asyncio.Task[None] | None = None
+        self.shutdown_hook: Callable[[], Awaitable[None]] | None = None
+        self.stage_pids: dict[str, int] = {}
+        """Stage name -> OS pid of its process (process mode only)."""
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._receiver = asyncio.create_task(self._receive(), name="coordinator-receive")
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Return once every stage is Ready; raise PipelineError if one crashed or time ran out."""
+        ready = asyncio.create_task(self._all_ready.wait())
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), timeout)
+        except TimeoutError:
+            missing = sorted(set(self._stages) - self._ready_stages)
+            raise PipelineError("pipeline", f"stages not ready after {timeout:.0f}s: {missing}") from None
+        finally:
+            ready.cancel()
+        if self._broken is not None:
+            raise self._broken
+
+    @property
+    def ready(self) -> bool:
+        return self._all_ready.is_set() and self._broken is None
+
+    async def close(self) -> None:
+        for flight in self._flights.values():
+            flight.chunks.put_nowait(PipelineError("pipeline", "shutting down"))
+        for stage in self._stages:
+            self._endpoint.send(stage, Shutdown())
+        if self.shutdown_hook is not None:
+            await self.shutdown_hook()
+        if self._receiver is not None:
+            self._receiver.cancel()
+        self._endpoint.close()
+        metrics.PIPELINE_SHM_BYTES.set(0)
+
+    # --- client API -----------------------------------------------------------------------
+
+    async def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+        """Submit ``request`` and yield its terminal stages' chunks in order.
+
+        Ends when every terminal stage completed, or quietly when the request is aborted; raises
+        PipelineError when a stage failed it. Leaving the iteration early aborts the request.
+        """
+        rid = request.request_id
+        if self._broken is not None:
+            raise self._broken
+        if rid in self._flights or rid in self._ended:
+            raise ValueError(f"request id {rid!r} was already used")
+        if len(self._flights) >= self.config.max_in_flight:
+            raise PipelineOverloaded(
+                f"{len(self._flights)} requests in flight (max_in_flight={self.config.max_in_flight})"
+            )
+        flight = _Flight(pending_terminals=set(self.config.terminals))
+        self._flights[rid] = flight
+        metrics.PIPELINE_REQUESTS_ACTIVE.set(len(self._flights))
+        payload = StagePayload(rid, request.inputs, request.params)
+        self._endpoint.send(self.config.entry, Submit(payload, COORDINATOR))
+        try:
+            while True:
+                item = await flight.chunks.get()
+                if item is None:
+                    return
+                if isinstance(item, PipelineError):
+                    raise item
+                yield item
+        finally:
+            if not flight.finished:
+                await asyncio.shield(self.abort(rid))
+            self._end(rid)
+
+    async def abort(self, request_id: str) -> None:
+        """Broadcast an abort for ``request_id`` and wait until every stage acknowledged it.
+
+        Idempotent: concurrent calls share one broadcast, a later call after the acks returns at once.
+        """
+        flight = self._flights.get(request_id)
+        if flight is not None and not flight.finished:
+            flight.finished = True
+            flight.chunks.put_nowait(None)
+        pending = self._aborts.get(request_id)
+        if pending is None:
+            if request_id in self._ended and flight is None:
+                return
+            pending = _Abort(set(self._stages) - self._dead_stages(), time.perf_counter())
+            self._aborts[request_id] = pending
+            for stage in pending.pending:
+                self._endpoint.send(stage, Abort(request_id))
+            if not pending.pending:
+                pending.done.set()
+        try:
+            await asyncio.wait_for(pending.done.wait(), self.config.abort_timeout_s)
+        except TimeoutError:
+            log.error(
+                "request %s: abort not acknowledged by %s after %.1fs",
+                request_id, sorted(pending.pending), self.config.abort_timeout_s,
+            )
+        finally:
+            if self._aborts.get(request_id) is pending:
+                del self._aborts[request_id]
+                self._remember_ended(request_id)
+
+    async def stage_stats(self, timeout: float = 5.0) -> dict[str, StageStats]:
+        """A fresh StageStats from every live stage (asked now, answered after pending commands)."""
+        token = next(self._tokens)
+        stages = set(self._stages) - self._dead_stages()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stats_waiters[token] = (set(stages), done)
+        for stage in stages:
+            self._endpoint.send(stage, StatsRequest(token))
+        if not stages:
+            done.set_result(None)
+        try:
+            await asyncio.wait_for(done, timeout)
+        finally:
+            self._stats_waiters.pop(token, None)
+        return {s: self._stats[s] for s in stages}
+
+    @property
+    def requests_in_flight(self) -> int:
+        return len(self._flights)
+
+    # --- control plane --------------------------------------------------------------------
+
+    def _end(self, rid: str) -> None:
+        self._flights.pop(rid, None)
+        self._remember_ended(rid)
+        metrics.PIPELINE_REQUESTS_ACTIVE.set(len(self._flights))
+
+    def _remember_ended(self, rid: str) -> None:
+        self._ended[rid] = None
+        self._ended.move_to_end(rid)
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
+    def _dead_stages(self) -> set[str]:
+        return set(self._crashed)
+
+    async def _receive(self) -> None:
+        while True:
+            message = await self._endpoint.recv()
+            try:
+                self._dispatch(message)
+            except Exception:  # noqa: BLE001 - one bad message must not stop the coordinator
+                log.exception("coordinator: failed to handle %s", type(message).__name__)
+
+    def _dispatch(self, message: ControlMessage) -> None:
+        match message:
+            case StreamChunk(payload=payload, source=source):
+                self._deliver(OutputChunk(payload.request_id, source, payload.data, final=False))
+            case StreamDone(payload=payload, source=source):
+                self._on_terminal_done(payload, source)
+            case Failed(request_id=rid, source=source, error=error):
+                self._on_failed(rid, source, error)
+            case AbortAck(request_id=rid, source=source):
+                self._on_ack(rid, source)
+            case StageStats():
+                self._on_stats(message)
+            case Ready(source=source):
+                self._ready_stages.add(source)
+                if self._ready_stages >= set(self._stages):
+                    self._all_ready.set()
+            case StageCrashed(source=source, error=error):
+                self.on_stage_crashed(source, error)
+            case _:
+                log.error("coordinator: unexpected message %s", type(message).__name__)
+
+    def _deliver(self, chunk: OutputChunk) -> None:
+        flight = self._flights.get(chunk.request_id)
+        if flight is not None and not flight.finished:
+            flight.chunks.put_nowait(chunk)
+
+    def _on_terminal_done(self, payload: StagePayload, source: str) -> None:
+        flight = self._flights.get(payload.request_id)
+        if flight is None or flight.finished:
+            return
+        flight.chunks.put_nowait(OutputChunk(payload.request_id, source, payload.data, final=True))
+        flight.pending_terminals.discard(source)
+        if not flight.pending_terminals:
+            flight.finished = True
+            flight.chunks.put_nowait(None)
+
+    def _on_failed(self, rid: str, source: str, error: str) -> None:
+        flight = self._flights.get(rid)
+        log.warning("request %s failed in stage %s: %s", rid, source, error)
+        if flight is not None and not flight.finished:
+            flight.finished = True
+            flight.chunks.put_nowait(PipelineError(source, error))
+        # The other stages may still hold the request: clear them like an abort.
+        asyncio.get_running_loop().create_task(self.abort(rid))
+
+    def _on_ack(self, rid: str, source: str) -> None:
+        pending = self._aborts.get(rid)
+        if pending is None:
+            return
+        pending.pending.discard(source)
+        if not pending.pending and not pending.done.is_set():
+            metrics.PIPELINE_ABORT_CLEAR_SECONDS.observe(time.perf_counter() - pending.started)
+            pending.done.set()
+
+    def _on_stats(self, stats: StageStats) -> None:
+        self._stats[stats.source] = stats
+        metrics.PIPELINE_STAGE_LIVE_REQUESTS.labels(stats.source).set(stats.live_requests)
+        metrics.PIPELINE_STAGE_QUEUE_DEPTH.labels(stats.source).set(stats.queue_depth)
+        for seconds in stats.step_seconds:
+            metrics.PIPELINE_STAGE_SECONDS.labels(stats.source).observe(seconds)
+        self._shm_by_stage[stats.source] = stats.shm_bytes
+        metrics.PIPELINE_SHM_BYTES.set(sum(self._shm_by_stage.values()) + self._endpoint.shm_bytes())
+        if stats.token is not None and stats.token in self._stats_waiters:
+            waiting, done = self._stats_waiters[stats.token]
+            waiting.discard(stats.source)
+            if not waiting and not done.done():
+                done.set_result(None)
+
+    def on_stage_crashed(self, stage: str, error: str) -> None:
+        """A stage is gone: fail everything in flight, refuse new requests, stop waiting for it."""
+        log.error("stage %s crashed: %s", stage, error)
+        self._crashed[stage] = error
+        if self._broken is None:
+            self._broken = PipelineError(stage, f"stage crashed: {error}")
+        for rid, flight in list(self._flights.items()):
+            if not flight.finished:
+                flight.finished = True
+                flight.chunks.put_nowait(self._broken)
+        for rid in list(self._aborts):
+            self._on_ack(rid, stage)
+        for token, (waiting, done) in list(self._stats_waiters.items()):
+            waiting.discard(stage)
+            if not waiting and not done.done():
+                done.set_result(None)
+        self._all_ready.set()

@@ -1,0 +1,40 @@
+"""``toy``: a deterministic stand-in model with Qwen3-Omni's stage shape and next to no compute.
+
+It exists to test and measure the framework itself (pipeline core, session layer) apart from model
+compute, which the real model (``qwen3_omni``) would dominate: a thinker that "answers" with a fixed
+number of token ids and hidden vectors, a text detokenizer, a talker that turns each token into codec
+frames, and a vocoder that turns each frame into 80 ms of an audible tone with carried phase (causal
+state). Answers are pure functions of the input, so tests can predict them.
+
+Failure injection through request params (tests only): ``toy_fail`` = a stage name whose runner
+raises for that request; ``toy_never_stop`` makes the thinker and talker ignore their stop condition
+(the output caps must end them); ``toy_answer_tokens`` overrides the answer length.
+"""
+
+from __future__ import annotations
+
+from pipeline.models import ModelSpec, register
+from pipeline.models.toy.runners import (
+    SAMPLE_RATE,
+    make_detok,
+    make_relay,
+    make_talker,
+    make_thinker,
+    make_vocoder,
+    merge_join,
+)
+
+SPEC = register(
+    ModelSpec(
+        name="toy",
+        factories={
+            "thinker": make_thinker,
+            "detok": make_detok,
+            "talker": make_talker,
+            "vocoder": make_vocoder,
+            "relay": make_relay,
+        },
+        merges={"join": merge_join},
+        output_sample_rate=SAMPLE_RATE,
+    )
+)

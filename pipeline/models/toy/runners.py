@@ -1,0 +1,237 @@
+"""The toy model's runners (see the package docstring). Per-request state lives in ARSlot.state or
+the vocoder state the schedulers own; runners keep nothing per request themselves."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.models import StageContext
+from pipeline.proto import StagePayload
+from pipeline.scheduling.base import ARSlot, ARStepResult, BatchItem, RequestError
+
+SAMPLE_RATE = 24000
+FRAME_SAMPLES = 1920  # 80 ms at 24 kHz, like Qwen3-Omni's code2wav
+CODEBOOKS = 16
+
+
+def _check_fail(stage: str, request_id: str, params: dict[str, Any]) -> None:
+    if params.get("toy_fail") == stage:
+        raise RequestError(request_id, f"injected failure in stage {stage}")
+
+
+def input_seed(inputs: dict[str, Any]) -> int:
+    """The seed of a request's answer: a pure function of its input."""
+    if inputs.get("audio") is not None:
+        return int(len(inputs["audio"])) % 997
+    return sum(str(inputs.get("text", "")).encode()) % 997
+
+
+def answer_token(seed: int, k: int) -> int:
+    return (seed * 31 + k * 7) % 1000
+
+
+@dataclass
+class _ThinkerState:
+    seed: int
+    answer_tokens: int
+    never_stop: bool
+
+
+class ToyThinker:
+    def __init__(self, ctx: StageContext) -> None:
+        self._stage = ctx.stage.name
+        self._answer_tokens = int(ctx.stage.options.get("answer_tokens", 8))
+        self._hidden_size = int(ctx.stage.options.get("hidden_size", 1024))
+        self._step_delay_s = float(ctx.stage.options.get("step_delay_s", 0.0))
+
+    def new_state(self, payload: StagePayload) -> _ThinkerState:
+        inputs = payload.data
+        if inputs.get("audio") is None and not inputs.get("text"):
+            raise RequestError(payload.request_id, "the request has neither audio nor text")
+        return _ThinkerState(
+            seed=input_seed(inputs),
+            answer_tokens=int(payload.params.get("toy_answer_tokens", self._answer_tokens)),
+            never_stop=bool(payload.params.get("toy_never_stop", False)),
+        )
+
+    def feed(self, slot: ARSlot, payload: StagePayload) -> None:
+        raise RequestError(slot.request_id, "the thinker takes no streamed input")
+
+    def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
+        raise RequestError(slot.request_id, "the thinker takes no streamed input")
+
+    def runnable(self, slot: ARSlot) -> bool:
+        return slot.input_closed
+
+    def output_cap(self, slot: ARSlot) -> int | None:
+        return None
+
+    def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
+        if self._step_delay_s:
+            time.sleep(self._step_delay_s)
+        results = []
+        for slot in slots:
+            _check_fail(self._stage, slot.request_id, slot.params)
+            state: _ThinkerState = slot.state
+            token = answer_token(state.seed, slot.steps)
+            hidden = torch.full((self._hidden_size,), float(token), dtype=torch.float32)
+            last = slot.steps + 1 >= state.answer_tokens and not state.never_stop
+            results.append(ARStepResult({"token_id": token, "hidden": hidden}, finished=last))
+        return results
+
+    def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
+        return {"tokens": slot.steps, "capped": capped}
+
+    def release(self, slot: ARSlot) -> None:
+        slot.state = None
+
+
+class ToyDetok:
+    def __init__(self, ctx: StageContext) -> None:
+        self._stage = ctx.stage.name
+
+    def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
+        out = []
+        for item in batch:
+            _check_fail(self._stage, item.payload.request_id, item.payload.params)
+            token = item.payload.data.get("token_id")
+            out.append({"text": "" if token is None else f"w{token} "})
+        return out
+
+
+@dataclass
+class _TalkerState:
+    tokens: list[int] = field(default_factory=list)
+    frames: int = 0
+    never_stop: bool = False
+
+
+class ToyTalker:
+    def __init__(self, ctx: StageContext) -> None:
+        self._stage = ctx.stage.name
+        self._frames_per_token = int(ctx.stage.options.get("frames_per_token", 3))
+        self._step_delay_s = float(ctx.stage.options.get("step_delay_s", 0.0))
+
+    def new_state(self, payload: StagePayload) -> _TalkerState:
+        return _TalkerState(never_stop=bool(payload.params.get("toy_never_stop", False)))
+
+    def feed(self, slot: ARSlot, payload: StagePayload) -> None:
+        slot.state.tokens.append(int(payload.data["token_id"]))
+
+    def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
+        """The thinker's final payload carries no token; the talker voices what it has."""
+
+    def _owed(self, state: _TalkerState) -> int:
+        return len(state.tokens) * self._frames_per_token - state.frames
+
+    def runnable(self, slot: ARSlot) -> bool:
+        state: _TalkerState = slot.state
+        return self._owed(state) > 0 or slot.input_closed or state.never_stop and bool(state.tokens)
+
+    def output_cap(self, slot: ARSlot) -> int | None:
+        """Frames tied to the text voiced so far: a runaway talker stops."""
+        return len(slot.state.tokens) * self._frames_per_token + 1
+
+    def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
+        if self._step_delay_s:
+            time.sleep(self._step_delay_s)
+        results = []
+        for slot in slots:
+            _check_fail(self._stage, slot.request_id, slot.params)
+            state: _TalkerState = slot.state
+            if self._owed(state) <= 0 and not state.never_stop:
+                results.append(ARStepResult(None, finished=True))
+                continue
+            token = state.tokens[min(state.frames // self._frames_per_token, len(state.tokens) - 1)]
+            codes = torch.tensor([(token + i * 13 + state.frames) % 2048 for i in range(CODEBOOKS)])
+            state.frames += 1
+            results.append(ARStepResult({"codes": codes}))
+        return results
+
+    def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
+        return {"frames": slot.state.frames, "capped": capped}
+
+    def release(self, slot: ARSlot) -> None:
+        slot.state = None
+
+
+@dataclass
+class _VocoderState:
+    phase: float = 0.0
+    frames: int = 0
+
+
+class ToyVocoder:
+    def __init__(self, ctx: StageContext) -> None:
+        self._stage = ctx.stage.name
+        self._amplitude = float(ctx.stage.options.get("amplitude", 0.3))
+
+    def new_state(self, payload: StagePayload) -> _VocoderState:
+        _check_fail(self._stage, payload.request_id, payload.params)
+        return _VocoderState()
+
+    def decode(self, state: _VocoderState, chunks: list[dict[str, Any]], final: bool) -> dict[str, Any]:
+        pieces = []
+        for chunk in chunks:
+            if "codes" not in chunk:
+                continue
+            freq = 200.0 + float(chunk["codes"][0]) % 400
+            step = 2 * np.pi * freq / SAMPLE_RATE
+            phases = state.phase + step * np.arange(1, FRAME_SAMPLES + 1)
+            pieces.append((self._amplitude * np.sin(phases)).astype(np.float32))
+            state.phase = float(phases[-1] % (2 * np.pi))
+            state.frames += 1
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+        return {"audio": audio, "sample_rate": SAMPLE_RATE}
+
+    def release(self, state: _VocoderState) -> None:
+        state.frames = 0
+
+
+class ToyRelay:
+    """Passes data through (trivial compute), for chains that measure the framework's own cost."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        self._stage = ctx.stage.name
+
+    def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
+        for item in batch:
+            _check_fail(self._stage, item.payload.request_id, item.payload.params)
+        return [dict(item.payload.data, **{f"via_{self._stage}": True}) for item in batch]
+
+
+def make_thinker(ctx: StageContext) -> ToyThinker:
+    return ToyThinker(ctx)
+
+
+def make_detok(ctx: StageContext) -> ToyDetok:
+    return ToyDetok(ctx)
+
+
+def make_talker(ctx: StageContext) -> ToyTalker:
+    return ToyTalker(ctx)
+
+
+def make_vocoder(ctx: StageContext) -> ToyVocoder:
+    if ctx.stage.options.get("fail_to_load"):
+        raise RuntimeError("injected load failure")
+    return ToyVocoder(ctx)
+
+
+def make_relay(ctx: StageContext) -> ToyRelay:
+    return ToyRelay(ctx)
+
+
+def merge_join(parts: dict[str, StagePayload]) -> StagePayload:
+    """Fan-in: the union of the sources' data (later sources in name order win on clashes)."""
+    first = next(iter(parts.values()))
+    data: dict[str, Any] = {}
+    for source in sorted(parts):
+        data.update(parts[source].data)
+    data["joined_from"] = sorted(parts)
+    return StagePayload(first.request_id, data, first.params)

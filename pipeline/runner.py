@@ -1,0 +1,185 @@
+"""Starts one PipelineConfig, in this process or as stage processes, and returns its Coordinator.
+
+``mode="process"`` (the default for serving) runs each process group of the config in its own OS
+process (spawned, so no model state is inherited), with a ZMQ control plane and shared-memory
+tensors; model compute then never shares a GIL with the event loop that paces audio.
+``mode="inproc"`` runs every stage in this process on asyncio queues (tests, benchmarks).
+
+The runner owns the stage processes or tasks and the IPC directory; ``Coordinator.close`` stops and
+removes them (through the coordinator's ``shutdown_hook``). A stage process that dies is reported to
+the coordinator, which fails what is in flight with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Literal
+
+from pipeline.config import PipelineConfig, StageConfig
+from pipeline.coordinator import Coordinator, PipelineError
+from pipeline.models import ModelSpec, StageContext, resolve
+from pipeline.proto import COORDINATOR, StageCrashed
+from pipeline.scheduling import build_scheduler
+from pipeline.stage import Stage
+from pipeline.transport.base import Endpoint
+from pipeline.transport.inproc import InprocHub
+from pipeline.transport.zmq_ipc import ZmqEndpoint
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["inproc", "process"]
+LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+_JOIN_TIMEOUT_S = 10.0
+
+
+def _build_stage(config: PipelineConfig, spec: ModelSpec, stage: StageConfig, endpoint: Endpoint) -> Stage:
+    runner = spec.factories[stage.runner](StageContext(stage, config.model_args))
+    merge = spec.merges[stage.merge] if stage.merge else None
+    return Stage(stage, build_scheduler(stage, runner), endpoint, merge)
+
+
+async def start_pipeline(
+    config: PipelineConfig, mode: Mode = "process", ready_timeout: float = 600.0
+) -> Coordinator:
+    """Start every stage and return the coordinator once all are Ready (raises PipelineError)."""
+    spec = resolve(config)
+    if mode == "inproc":
+        coordinator = await _start_inproc(config, spec)
+    else:
+        coordinator = _start_processes(config, spec)
+    try:
+        await coordinator.wait_ready(ready_timeout)
+    except BaseException:
+        await coordinator.close()
+        raise
+    log.info("pipeline ready: model %s, %d stages, mode %s", config.model, len(config.stages), mode)
+    return coordinator
+
+
+async def _start_inproc(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
+    hub = InprocHub()
+    coordinator = Coordinator(config, hub.endpoint(COORDINATOR), spec.output_sample_rate)
+    coordinator.start()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def shutdown() -> None:
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), _JOIN_TIMEOUT_S)
+
+    coordinator.shutdown_hook = shutdown
+    for stage in config.stages:
+        endpoint = hub.endpoint(stage.name)
+        try:
+            built = await asyncio.to_thread(_build_stage, config, spec, stage, endpoint)
+        except Exception as err:
+            await coordinator.close()
+            raise PipelineError(stage.name, f"could not start: {err}") from err
+        tasks.append(asyncio.create_task(built.run(), name=f"stage-{stage.name}"))
+    return coordinator
+
+
+def _start_processes(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
+    directory = Path(tempfile.mkdtemp(prefix="duplex-ipc-"))
+    coordinator = Coordinator(
+        config, ZmqEndpoint(COORDINATOR, directory, config.shm_threshold_bytes), spec.output_sample_rate
+    )
+    coordinator.start()
+    context = multiprocessing.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    processes: dict[str, multiprocessing.process.BaseProcess] = {}
+    stopping = False
+
+    def on_exit(group: str) -> None:
+        process = processes[group]
+        loop.remove_reader(process.sentinel)
+        if stopping:
+            return
+        process.join()
+        for stage in config.process_groups[group]:
+            coordinator.on_stage_crashed(
+                stage.name, f"process {group!r} (pid {process.pid}) exited with code {process.exitcode}"
+            )
+
+    for group in config.process_groups:
+        process = context.Process(
+            target=serve_stage_group,
+            args=(config, group, str(directory), spec),
+            name=f"duplex-stage-{group}",
+            daemon=True,
+        )
+        process.start()
+        processes[group] = process
+        loop.add_reader(process.sentinel, on_exit, group)
+    log.info("stage processes: %s", {g: p.pid for g, p in processes.items()})
+
+    async def shutdown() -> None:
+        nonlocal stopping
+        stopping = True
+        for process in processes.values():
+            loop.remove_reader(process.sentinel)
+        await asyncio.gather(*(asyncio.to_thread(_stop, p) for p in processes.values()))
+        shutil.rmtree(directory, ignore_errors=True)
+
+    coordinator.shutdown_hook = shutdown
+    coordinator.stage_pids = {
+        stage.name: processes[group].pid
+        for group, stages in config.process_groups.items()
+        for stage in stages
+    }
+    return coordinator
+
+
+def _stop(process: multiprocessing.process.BaseProcess) -> None:
+    process.join(_JOIN_TIMEOUT_S)
+    if process.is_alive():
+        log.error("stage process %s did not stop; killing it", process.name)
+        process.kill()
+        process.join()
+
+
+# --- inside a stage process ------------------------------------------------------------------
+
+
+def serve_stage_group(config: PipelineConfig, group: str, directory: str, spec: ModelSpec) -> None:
+    """Entry point of one stage process: build its stages and serve until Shutdown."""
+    logging.basicConfig(level=os.environ.get("DUPLEX_LOG_LEVEL", "INFO"), format=LOG_FORMAT)
+    stages = config.process_groups[group]
+    import torch
+
+    torch.set_num_threads(max(s.threads for s in stages))
+    asyncio.run(_serve_group(config, stages, Path(directory), spec))
+
+
+async def _serve_group(
+    config: PipelineConfig, stages: list[StageConfig], directory: Path, spec: ModelSpec
+) -> None:
+    endpoints = {s.name: ZmqEndpoint(s.name, directory, config.shm_threshold_bytes) for s in stages}
+    built: list[Stage] = []
+    for stage in stages:
+        try:
+            built.append(await asyncio.to_thread(_build_stage, config, spec, stage, endpoints[stage.name]))
+        except Exception as err:  # noqa: BLE001 - reported to the coordinator, then exit
+            log.exception("stage %s could not start", stage.name)
+            detail = "".join(traceback.format_exception_only(err)).strip()
+            endpoints[stage.name].send(COORDINATOR, StageCrashed(stage.name, f"could not start: {detail}"))
+            for endpoint in endpoints.values():
+                endpoint.close(linger_ms=2000)  # deliver the report before the process exits
+            raise SystemExit(1) from err
+    watchdog = asyncio.create_task(_exit_with_parent(os.getppid()))
+    await asyncio.gather(*(stage.run() for stage in built))
+    watchdog.cancel()
+
+
+async def _exit_with_parent(parent: int) -> None:
+    """A stage process must not outlive the server that started it (e.g. after a kill -9)."""
+    while True:
+        await asyncio.sleep(1.0)
+        if os.getppid() != parent:
+            log.error("parent process %d is gone; stage process exits", parent)
+            os._exit(1)

@@ -1,0 +1,102 @@
+"""The ``ar`` scheduler: continuous batching of autoregressive requests with output caps.
+
+Every step runs all runnable requests together (up to ``max_batch``, oldest first): new ones
+prefill, the others decode one step; a request joins the batch on the step after it arrives and
+leaves it the step it finishes. Per-request state is one ARSlot (the runner's KV cache and counters
+inside), created by the request's first input and released through ``ARRunner.release`` when the
+request finishes, fails or is aborted. The cap counts steps: no request can decode forever, whatever
+the runner does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pipeline.proto import StagePayload
+from pipeline.scheduling.base import (
+    ARRunner,
+    ARSlot,
+    RequestError,
+    RequestFailure,
+    StageOutput,
+    StepResult,
+    describe_error,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ARScheduler:
+    def __init__(
+        self, runner: ARRunner, max_batch: int, max_new_tokens: int, cap_param: str | None
+    ) -> None:
+        self._runner = runner
+        self._max_batch = max_batch
+        self._max_new_tokens = max_new_tokens
+        self._cap_param = cap_param
+        self._slots: dict[str, ARSlot] = {}
+
+    def _slot(self, payload: StagePayload) -> ARSlot:
+        slot = self._slots.get(payload.request_id)
+        if slot is None:
+            cap = self._max_new_tokens
+            if self._cap_param is not None and payload.params.get(self._cap_param) is not None:
+                cap = max(1, min(cap, int(payload.params[self._cap_param])))
+            state = self._runner.new_state(payload)
+            slot = ARSlot(payload.request_id, payload.params, state, cap)
+            self._slots[payload.request_id] = slot
+        return slot
+
+    def add(self, payload: StagePayload) -> None:
+        self._slot(payload).input_closed = True
+
+    def feed(self, payload: StagePayload) -> None:
+        self._runner.feed(self._slot(payload), payload)
+
+    def close_stream(self, payload: StagePayload) -> None:
+        slot = self._slot(payload)
+        slot.input_closed = True
+        self._runner.close_input(slot, payload)
+
+    def abort(self, request_id: str) -> None:
+        slot = self._slots.pop(request_id, None)
+        if slot is not None:
+            self._runner.release(slot)
+
+    def has_work(self) -> bool:
+        return any(self._runner.runnable(s) for s in self._slots.values())
+
+    def step(self) -> list[StepResult]:
+        batch = [s for s in self._slots.values() if self._runner.runnable(s)][: self._max_batch]
+        try:
+            step_results = self._runner.step(batch)
+        except RequestError as err:
+            return [self._fail(self._slots[err.request_id], err)]
+        except Exception as err:  # noqa: BLE001 - a batched forward cannot tell whose fault it was
+            return [self._fail(slot, err) for slot in batch]
+        outputs: list[StepResult] = []
+        for slot, result in zip(batch, step_results, strict=True):
+            slot.steps += 1
+            if result.data is not None:
+                outputs.append(StageOutput(slot.request_id, result.data))
+            runner_cap = self._runner.output_cap(slot)
+            cap = slot.cap if runner_cap is None else min(slot.cap, runner_cap)
+            if result.finished or slot.steps >= cap:
+                capped = not result.finished
+                if capped:
+                    log.info("request %s: output cap %d reached", slot.request_id, cap)
+                final = self._runner.finish(slot, capped=capped)
+                outputs.append(StageOutput(slot.request_id, final or {}, final=True))
+                self.abort(slot.request_id)
+        return outputs
+
+    def _fail(self, slot: ARSlot, err: BaseException) -> RequestFailure:
+        log.warning("request %s failed: %s", slot.request_id, describe_error(err))
+        self.abort(slot.request_id)
+        return RequestFailure(slot.request_id, describe_error(err))
+
+    def live_requests(self) -> int:
+        return len(self._slots)
+
+    def queue_depth(self) -> int:
+        return sum(1 for s in self._slots.values() if s.steps == 0)

@@ -1,0 +1,271 @@
+"""A stage: the IO shell around one scheduler. It knows no model and no scheduler type.
+
+Two threads of control, each owning its own state:
+- the event loop (``run``) owns the control plane: it receives messages, merges fan-in, routes
+  outputs to ``next``/``stream_to`` targets and to the coordinator, and keeps ``_active`` (the
+  params and stream sequence numbers of each request in this stage) and ``_gone`` (requests that
+  were aborted, failed or finished here, whose late data is dropped and never recreates state);
+- one worker thread owns the scheduler: it applies the commands the loop queues, in order, and
+  steps the scheduler while it has work. Compute never runs on the event loop.
+
+An abort is applied on the loop at once (the request is marked gone, its fan-in buffer freed) and
+then in the worker, between two steps; the AbortAck leaves only after the scheduler released its
+state. Per-request entries of ``_active`` live from a request's first message to its final output,
+failure or abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config import StageConfig
+from pipeline.models import MergeFn
+from pipeline.proto import (
+    COORDINATOR,
+    Abort,
+    AbortAck,
+    ControlMessage,
+    Failed,
+    Ready,
+    Shutdown,
+    StageStats,
+    StagePayload,
+    StatsRequest,
+    StreamChunk,
+    StreamDone,
+    Submit,
+)
+from pipeline.scheduling.base import RequestFailure, Scheduler, StageOutput, StepResult, describe_error
+from pipeline.transport.base import Endpoint
+
+log = logging.getLogger(__name__)
+
+GONE_MEMORY = 65536
+"""How many ended request ids a stage remembers, to drop their late data."""
+
+STATS_INTERVAL_S = 0.2
+
+
+@dataclass
+class _Request:
+    params: dict[str, Any]
+    seq: int = 0
+    fan_in: dict[str, StagePayload] = field(default_factory=dict)
+
+
+@dataclass
+class _Command:
+    request_id: str | None
+    run: Callable[[], None]
+
+
+class Stage:
+    def __init__(
+        self,
+        config: StageConfig,
+        scheduler: Scheduler,
+        endpoint: Endpoint,
+        merge: MergeFn | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._scheduler = scheduler
+        self._endpoint = endpoint
+        self._merge = merge
+        self._active: dict[str, _Request] = {}
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduler_live = 0
+        self._scheduler_depth = 0
+        self._step_seconds: list[float] = []
+        self._last_stats: tuple[int, int, int] | None = None
+
+    # --- event loop side ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until Shutdown; then stop the worker and close the endpoint."""
+        self._loop = asyncio.get_running_loop()
+        worker = threading.Thread(target=self._work, name=f"stage-{self.name}", daemon=True)
+        worker.start()
+        stats = asyncio.create_task(self._report_stats())
+        self._endpoint.send(COORDINATOR, Ready(self.name))
+        try:
+            while True:
+                message = await self._endpoint.recv()
+                if isinstance(message, Shutdown):
+                    break
+                self._handle(message)
+        finally:
+            stats.cancel()
+            self._commands.put(None)
+            await asyncio.to_thread(worker.join)
+            self._endpoint.close()
+
+    def _handle(self, message: ControlMessage) -> None:
+        match message:
+            case Submit(payload=payload, source=source):
+                self._on_submit(payload, source)
+            case StreamChunk(payload=payload):
+                if self._admit(payload):
+                    self._queue(payload.request_id, lambda: self._scheduler.feed(payload))
+            case StreamDone(payload=payload):
+                if self._admit(payload):
+                    self._queue(payload.request_id, lambda: self._scheduler.close_stream(payload))
+            case Abort(request_id=rid):
+                self._forget(rid)
+                self._queue(None, lambda: self._abort_in_worker(rid))
+            case StatsRequest(token=token):
+                self._queue(None, lambda: self._post_counts(token))
+            case _:
+                log.error("stage %s: unexpected message %s", self.name, type(message).__name__)
+
+    def _admit(self, payload: StagePayload) -> bool:
+        """Whether data for this request may be processed; starts its bookkeeping if new."""
+        rid = payload.request_id
+        if rid in self._gone:
+            log.debug("stage %s: dropped late data for %s", self.name, rid)
+            return False
+        if rid not in self._active:
+            self._active[rid] = _Request(payload.params)
+        return True
+
+    def _on_submit(self, payload: StagePayload, source: str) -> None:
+        if not self._admit(payload):
+            return
+        rid = payload.request_id
+        if self.config.wait_for:
+            entry = self._active[rid]
+            entry.fan_in[source] = payload
+            if set(entry.fan_in) != set(self.config.wait_for):
+                return
+            parts, entry.fan_in = entry.fan_in, {}
+            payload = self._merge(parts) if self._merge else parts[self.config.wait_for[0]]
+        self._queue(rid, lambda: self._scheduler.add(payload))
+
+    def _forget(self, rid: str) -> None:
+        self._active.pop(rid, None)
+        self._gone[rid] = None
+        self._gone.move_to_end(rid)
+        while len(self._gone) > GONE_MEMORY:
+            self._gone.popitem(last=False)
+
+    def _queue(self, rid: str | None, run: Callable[[], None]) -> None:
+        self._commands.put(_Command(rid, run))
+
+    def _on_worker(
+        self, results: list[StepResult], counts: tuple[int, int], step_s: float | None, token: int | None
+    ) -> None:
+        self._scheduler_live, self._scheduler_depth = counts
+        if step_s is not None:
+            self._step_seconds.append(step_s)
+        for result in results:
+            rid = result.request_id
+            if rid in self._gone or rid not in self._active:
+                continue
+            if isinstance(result, RequestFailure):
+                self._endpoint.send(COORDINATOR, Failed(rid, self.name, result.error))
+                self._forget(rid)
+            else:
+                self._route(result)
+        if token is not None:
+            self._send_stats(token)
+
+    def _on_abort_done(self, rid: str, counts: tuple[int, int]) -> None:
+        self._scheduler_live, self._scheduler_depth = counts
+        self._endpoint.send(COORDINATOR, AbortAck(rid, self.name))
+
+    def _route(self, output: StageOutput) -> None:
+        entry = self._active[output.request_id]
+        payload = StagePayload(output.request_id, output.data, entry.params)
+        seq = entry.seq
+        entry.seq += 1
+        stream_targets = list(self.config.stream_to)
+        if self.config.terminal:
+            stream_targets.append(COORDINATOR)
+        if not output.final:
+            for target in stream_targets:
+                self._endpoint.send(target, StreamChunk(payload, self.name, seq))
+            return
+        for target in stream_targets:
+            self._endpoint.send(target, StreamDone(payload, self.name, seq))
+        for target in self.config.next:
+            self._endpoint.send(target, Submit(payload, self.name))
+        self._forget(output.request_id)
+
+    def _stats(self, token: int | None) -> StageStats:
+        return StageStats(
+            source=self.name,
+            live_requests=max(len(self._active), self._scheduler_live),
+            queue_depth=self._scheduler_depth + self._commands.qsize(),
+            shm_bytes=self._endpoint.shm_bytes(),
+            step_seconds=self._step_seconds,
+            token=token,
+        )
+
+    def _send_stats(self, token: int | None) -> None:
+        stats = self._stats(token)
+        self._step_seconds = []
+        self._last_stats = (stats.live_requests, stats.queue_depth, stats.shm_bytes)
+        self._endpoint.send(COORDINATOR, stats)
+
+    async def _report_stats(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            stats = self._stats(None)
+            current = (stats.live_requests, stats.queue_depth, stats.shm_bytes)
+            if stats.step_seconds or current != self._last_stats:
+                self._send_stats(None)
+
+    # --- worker thread side ---------------------------------------------------------------
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(callback, *args)
+
+    def _counts(self) -> tuple[int, int]:
+        return self._scheduler.live_requests(), self._scheduler.queue_depth()
+
+    def _abort_in_worker(self, rid: str) -> None:
+        self._scheduler.abort(rid)
+        self._post(self._on_abort_done, rid, self._counts())
+
+    def _post_counts(self, token: int) -> None:
+        self._post(self._on_worker, [], self._counts(), None, token)
+
+    def _work(self) -> None:
+        while True:
+            commands = [self._commands.get()] if not self._scheduler.has_work() else []
+            while True:
+                try:
+                    commands.append(self._commands.get_nowait())
+                except queue.Empty:
+                    break
+            failures: list[StepResult] = []
+            for command in commands:
+                if command is None:
+                    return
+                try:
+                    command.run()
+                except Exception as err:  # noqa: BLE001 - a bad input fails its request only
+                    if command.request_id is None:
+                        log.exception("stage %s: command failed", self.name)
+                        continue
+                    log.warning("stage %s: request %s failed: %s", self.name, command.request_id, err)
+                    self._scheduler.abort(command.request_id)
+                    failures.append(RequestFailure(command.request_id, describe_error(err)))
+            if failures:
+                self._post(self._on_worker, failures, self._counts(), None, None)
+            if self._scheduler.has_work():
+                started = time.perf_counter()
+                results = self._scheduler.step()
+                elapsed = time.perf_counter() - started
+                self._post(self._on_worker, results, self._counts(), elapsed, None)

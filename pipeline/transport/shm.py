@@ -1,0 +1,137 @@
+"""Tensors on the data plane: pickling that lifts large tensors and arrays into shared memory.
+
+One serialisation mechanism for every message: ``pickle``, with a ``persistent_id`` hook that moves
+each torch tensor or numpy array of at least ``threshold`` bytes into one shared-memory segment per
+message (a file under /dev/shm). The control plane then carries only small pickles.
+
+Ownership: the ``ShmWriter`` of the sending endpoint creates a segment and owns it; the receiver
+copies the tensors out (``loads``) and acknowledges; on that acknowledgement the writer unlinks the
+segment (``release``). Whatever is still unacknowledged when the writer closes is unlinked then, so
+nothing outlives the pipeline in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SHM_DIR = Path("/dev/shm")
+SEGMENT_PREFIX = "duplex-"
+
+
+@dataclass(frozen=True)
+class _Ref:
+    segment: str
+    offset: int
+    nbytes: int
+    is_torch: bool
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _raw_bytes(obj: Any) -> tuple[np.ndarray, bool, str, tuple[int, ...]] | None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        return t.reshape(-1).view(torch.uint8).numpy(), True, str(t.dtype), tuple(t.shape)
+    if isinstance(obj, np.ndarray) and obj.dtype != object:
+        a = np.ascontiguousarray(obj)
+        return a.reshape(-1).view(np.uint8), False, a.dtype.str, a.shape
+    return None
+
+
+class _LiftingPickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, segment: str, threshold: int) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._segment = segment
+        self._threshold = threshold
+        self.lifted: list[np.ndarray] = []
+        self.size = 0
+
+    def persistent_id(self, obj: Any) -> _Ref | None:
+        if not isinstance(obj, (torch.Tensor, np.ndarray)):
+            return None
+        raw = _raw_bytes(obj)
+        if raw is None or raw[0].nbytes < self._threshold:
+            return None
+        data, is_torch, dtype, shape = raw
+        ref = _Ref(self._segment, self.size, data.nbytes, is_torch, dtype, shape)
+        self.lifted.append(data)
+        self.size += data.nbytes
+        return ref
+
+
+class _LoweringUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file)
+        self.segments: set[str] = set()
+        self._contents: dict[str, bytes] = {}
+
+    def persistent_load(self, ref: _Ref) -> Any:
+        self.segments.add(ref.segment)
+        content = self._contents.get(ref.segment)
+        if content is None:
+            content = (SHM_DIR / ref.segment).read_bytes()
+            self._contents[ref.segment] = content
+        buf = bytearray(content[ref.offset : ref.offset + ref.nbytes])
+        if ref.is_torch:
+            dtype = getattr(torch, ref.dtype.removeprefix("torch."))
+            if not buf:
+                return torch.empty(ref.shape, dtype=dtype)
+            return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(ref.shape)
+        return np.frombuffer(buf, dtype=np.dtype(ref.dtype)).reshape(ref.shape)
+
+
+class ShmWriter:
+    """Pickles messages for one sending endpoint and owns the segments they lifted."""
+
+    def __init__(self, threshold: int) -> None:
+        self._threshold = threshold
+        self._held: dict[str, int] = {}
+
+    def dumps(self, obj: Any) -> bytes:
+        segment = f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        buf = io.BytesIO()
+        pickler = _LiftingPickler(buf, segment, self._threshold)
+        pickler.dump(obj)
+        if pickler.lifted:
+            fd = os.open(SHM_DIR / segment, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            try:
+                for data in pickler.lifted:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            self._held[segment] = pickler.size
+        return buf.getvalue()
+
+    def release(self, segment: str) -> None:
+        if self._held.pop(segment, None) is not None:
+            (SHM_DIR / segment).unlink(missing_ok=True)
+
+    @property
+    def bytes_held(self) -> int:
+        return sum(self._held.values())
+
+    def close(self) -> None:
+        for segment in list(self._held):
+            self.release(segment)
+
+
+def loads(data: bytes) -> tuple[Any, set[str]]:
+    """The message, with its tensors copied out of shared memory, and the segments to acknowledge."""
+    unpickler = _LoweringUnpickler(io.BytesIO(data))
+    return unpickler.load(), unpickler.segments
+
+
+def leftover_segments() -> list[Path]:
+    """Segments of any duplex process still in /dev/shm (tests and shutdown checks)."""
+    return sorted(SHM_DIR.glob(f"{SEGMENT_PREFIX}*"))
