@@ -27,9 +27,12 @@ def new_request_id() -> str:
 class OmniRequest:
     """One model request. Its ``request_id`` is fixed by whoever submits it and carried to the end.
 
-    ``inputs`` holds what the model consumes (``audio``: float32 mono array, ``sample_rate``,
-    ``messages``: chat history, ``text``); ``params`` holds caps and options (``max_new_tokens``,
-    ``voice``, ``modalities``, ...). Both are plain data; the pipeline core never looks inside.
+    ``inputs`` holds what the model consumes, in one shape for every model and client:
+    ``{"messages": [{"role": "system" | "user" | "assistant", "text": str | None,
+    "audio": float32 mono ndarray | None, "sample_rate": int | None}, ...]}``, oldest first; the
+    last message is the turn to answer. ``params`` holds caps and options (``max_output_tokens``,
+    ``voice``, ``modalities``: ["text"] or ["text", "audio"], ...). The pipeline core never looks
+    inside either; the entry stage of a model validates them.
     """
 
     request_id: str

@@ -25,10 +25,11 @@ def _check_fail(stage: str, request_id: str, params: dict[str, Any]) -> None:
 
 
 def input_seed(inputs: dict[str, Any]) -> int:
-    """The seed of a request's answer: a pure function of its input."""
-    if inputs.get("audio") is not None:
-        return int(len(inputs["audio"])) % 997
-    return sum(str(inputs.get("text", "")).encode()) % 997
+    """The seed of a request's answer: a pure function of the turn it answers (the last message)."""
+    last = inputs["messages"][-1]
+    if last.get("audio") is not None:
+        return int(len(last["audio"])) % 997
+    return sum(str(last.get("text") or "").encode()) % 997
 
 
 def answer_token(seed: int, k: int) -> int:
@@ -50,11 +51,11 @@ class ToyThinker:
         self._step_delay_s = float(ctx.stage.options.get("step_delay_s", 0.0))
 
     def new_state(self, payload: StagePayload) -> _ThinkerState:
-        inputs = payload.data
-        if inputs.get("audio") is None and not inputs.get("text"):
-            raise RequestError(payload.request_id, "the request has neither audio nor text")
+        messages = payload.data.get("messages") or []
+        if not messages or (messages[-1].get("audio") is None and not messages[-1].get("text")):
+            raise RequestError(payload.request_id, "the last message has neither audio nor text")
         return _ThinkerState(
-            seed=input_seed(inputs),
+            seed=input_seed(payload.data),
             answer_tokens=int(payload.params.get("toy_answer_tokens", self._answer_tokens)),
             never_stop=bool(payload.params.get("toy_never_stop", False)),
         )
