@@ -23,7 +23,7 @@ const CONNECTION_LABELS = {
 };
 
 const STATUS_NOTES = {
-  truncated: 'interrupted: the struck-out part was not heard',
+  truncated: 'interrupted',
   cancelled: 'cancelled',
   failed: 'failed',
   incomplete: 'stopped at the length limit',
@@ -76,7 +76,11 @@ export function createView(doc) {
     if (node.item === item && node.latencyMs === latencyMs) return;
     node.li.dataset.status = item.status;
     drawText(node, item);
-    const notes = [STATUS_NOTES[item.status], latencyMs === undefined ? null : `voice-to-voice ${formatMs(latencyMs)}`];
+    const cut = item.heardChars !== null && item.heardChars < item.text.length;
+    const notes = [
+      cut ? 'interrupted: the struck-out part was not heard' : STATUS_NOTES[item.status],
+      latencyMs === undefined ? null : `voice-to-voice ${formatMs(latencyMs)}`,
+    ];
     node.meta.textContent = notes.filter(Boolean).join(' · ');
     node.item = item;
     node.latencyMs = latencyMs;
