@@ -1,0 +1,11 @@
+"""HTTP and WebSocket endpoints. Each module exposes ``router``; ``routers()`` lists them all."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+
+def routers() -> list[APIRouter]:
+    from duplex.api import health, realtime_calls
+
+    return [health.router, realtime_calls.router]

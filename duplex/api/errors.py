@@ -1,0 +1,75 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+MAX_BODY_BYTES = 25 * 1024 * 1024
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.kind = kind
+        self.headers = headers
+
+
+def error_body(message: str, kind: str, code: str | None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(error_body(err.message, err.kind, err.code, err.param), status_code=err.status,
+                        headers=err.headers)
+
+
+async def _api_error(request: Request, err: Exception) -> JSONResponse:
+    assert isinstance(err, APIError)
+    return error_response(err)
+
+
+async def _http_error(request: Request, err: Exception) -> JSONResponse:
+    assert isinstance(err, StarletteHTTPException)
+    kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(err.detail), kind, None), status_code=err.status_code,
+                        headers=getattr(err, "headers", None))
+
+
+async def _validation_error(request: Request, err: Exception) -> JSONResponse:
+    assert isinstance(err, RequestValidationError)
+    first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
+    param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+    return JSONResponse(error_body(f"{param}: {first['msg']}" if param else first["msg"],
+                                   "invalid_request_error", "invalid_value", param), status_code=400)
+
+
+HANDLERS = {
+    APIError: _api_error,
+    StarletteHTTPException: _http_error,
+    RequestValidationError: _validation_error,
+}
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused with 413 beyond MAX_BODY_BYTES without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", "request_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", "request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,31 @@
+"""``/healthz`` (200 when the pipeline serves, 503 while it loads or after it broke) and ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from duplex import metrics
+from duplex.api.auth import app_state, require_key
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> JSONResponse:
+    state = app_state(request)
+    body = {"status": "ok", "preset": state.settings.preset}
+    if state.pipeline is None or not state.pipeline.ready:
+        body["status"] = "error" if state.pipeline_error else "loading"
+        if state.pipeline_error:
+            body["error"] = state.pipeline_error
+        return JSONResponse(body, status_code=503)
+    return JSONResponse(body)
+
+
+@router.get("/metrics", dependencies=[Depends(require_key)])
+async def prometheus(request: Request) -> Response:
+    state = app_state(request)
+    metrics.OUTBOUND_QUEUE_SECONDS.set(state.registry.queued_seconds())
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,105 @@
+"""WebRTC calls as OpenAI's WebRTC flow does them (CONTRACT.md):
+
+``POST /v1/realtime/calls`` with an SDP offer (``application/sdp``) or a multipart body with ``sdp``
+and ``session`` (JSON) parts → ``201`` with the answer SDP and ``Location: /v1/realtime/calls/{id}``;
+``POST /v1/realtime/calls/{id}/hangup`` or ``DELETE /v1/realtime/calls/{id}`` ends the call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from duplex.api.auth import app_state, require_key
+from duplex.api.errors import MAX_BODY_BYTES, APIError, read_body
+from duplex.call import WebRTCCall
+from duplex.realtime import RealtimeError, apply_session_update
+from duplex.registry import TooManySessions
+from duplex.state import AppState
+from duplex.webrtc import SdpError
+
+log = logging.getLogger(__name__)
+router = APIRouter(dependencies=[Depends(require_key)])
+
+
+def serving_pipeline(state: AppState):  # noqa: ANN201 - the Coordinator, or a 503
+    if state.pipeline is None or not state.pipeline.ready:
+        raise APIError(503, "the model pipeline is not ready", "pipeline_unavailable",
+                       kind="server_error", headers={"Retry-After": "5"})
+    return state.pipeline
+
+
+async def _offer(request: Request) -> tuple[str, dict[str, Any] | None]:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/sdp":
+        body = await read_body(request)
+        try:
+            return body.decode("utf-8"), None
+        except UnicodeDecodeError:
+            raise APIError(400, "the SDP offer is not UTF-8 text", "invalid_sdp") from None
+    if kind == "multipart/form-data":
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", "request_too_large")
+        form = await request.form()
+        sdp = form.get("sdp")
+        if sdp is None:
+            raise APIError(400, "the multipart body has no 'sdp' part", "missing_sdp", param="sdp")
+        sdp_text = sdp if isinstance(sdp, str) else (await sdp.read()).decode("utf-8", "replace")
+        raw_session = form.get("session")
+        session = None
+        if raw_session is not None:
+            text = raw_session if isinstance(raw_session, str) else (await raw_session.read()).decode()
+            try:
+                session = json.loads(text)
+            except ValueError:
+                raise APIError(400, "the 'session' part is not JSON", "invalid_session", param="session") from None
+        return sdp_text, session
+    raise APIError(415, f"unsupported content type {kind or '(none)'!r}: send application/sdp "
+                   "or multipart/form-data with 'sdp' and 'session' parts", "unsupported_content_type")
+
+
+@router.post("/v1/realtime/calls", status_code=201)
+async def create_call(request: Request) -> Response:
+    state = app_state(request)
+    pipeline = serving_pipeline(state)
+    sdp, session = await _offer(request)
+    call = WebRTCCall(state.settings, state.policy, pipeline, state.registry, state.settings.preset)
+    if session is not None:
+        try:
+            call.session.reconfigure(apply_session_update(call.session.config, session, state.settings.voices))
+        except RealtimeError as err:
+            raise APIError(400, err.message, err.code, param=err.param) from None
+    try:
+        answer = await call.start(sdp)
+    except TooManySessions as err:
+        await call.peer.close("refused")
+        raise APIError(503, str(err), "too_many_sessions", kind="server_error",
+                       headers={"Retry-After": str(err.retry_after_s)}) from None
+    except SdpError as err:
+        raise APIError(400, str(err), "invalid_sdp", param="sdp") from None
+    log.info("call %s started", call.id)
+    return Response(answer, status_code=201, media_type="application/sdp",
+                    headers={"Location": f"/v1/realtime/calls/{call.id}"})
+
+
+async def _hangup(request: Request, call_id: str) -> Response:
+    slot = app_state(request).registry.get(call_id)
+    if slot is None or slot.transport != "webrtc":
+        raise APIError(404, f"no call {call_id!r}", "call_not_found", kind="not_found_error")
+    await slot.close()
+    return Response(status_code=200)
+
+
+@router.post("/v1/realtime/calls/{call_id}/hangup")
+async def hangup(request: Request, call_id: str) -> Response:
+    return await _hangup(request, call_id)
+
+
+@router.delete("/v1/realtime/calls/{call_id}")
+async def delete_call(request: Request, call_id: str) -> Response:
+    return await _hangup(request, call_id)

@@ -1,0 +1,82 @@
+"""A conversation's history: its items, what the user actually heard, and the model's messages.
+
+Owned by one session, for its whole life. User turns keep their 16 kHz audio (the model hears them
+again on later turns) within an audio budget: the oldest audio beyond it leaves the model's context.
+Assistant turns keep their text; a truncated turn keeps only the text of the audio that was played
+(OpenAI ``conversation.item.truncate`` semantics, DESIGN.md invariant 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MAX_ITEMS = 64
+
+
+@dataclass
+class Item:
+    id: str
+    role: str  # "user" | "assistant" | "system"
+    text: str | None = None
+    audio: np.ndarray | None = None  # float32 mono at ``sample_rate``
+    sample_rate: int | None = None
+    # Assistant items: each transcript delta with the audio position (ms) at which its audio starts.
+    deltas: list[tuple[str, int]] = field(default_factory=list)
+    truncated_at_ms: int | None = None
+
+    @property
+    def transcript(self) -> str:
+        return "".join(d for d, _ in self.deltas) if self.deltas else (self.text or "")
+
+
+class History:
+    def __init__(self, max_audio_s: float) -> None:
+        self.items: list[Item] = []
+        self._max_audio_s = max_audio_s
+
+    def add(self, item: Item) -> Item:
+        self.items.append(item)
+        del self.items[:-MAX_ITEMS]
+        return item
+
+    def get(self, item_id: str) -> Item | None:
+        return next((i for i in self.items if i.id == item_id), None)
+
+    @property
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def truncate(self, item: Item, audio_end_ms: int) -> None:
+        """Keep only the text whose audio started before ``audio_end_ms``."""
+        item.deltas = [(d, at) for d, at in item.deltas if at < audio_end_ms]
+        item.text = "".join(d for d, _ in item.deltas)
+        item.truncated_at_ms = audio_end_ms
+
+    def messages(self, instructions: str | None) -> list[dict[str, Any]]:
+        """The model's input (OmniRequest.inputs["messages"]), newest audio first in the budget."""
+        budget = self._max_audio_s
+        kept: list[dict[str, Any]] = []
+        for item in reversed(self.items):
+            message: dict[str, Any] = {"role": item.role, "text": item.transcript or None,
+                                       "audio": None, "sample_rate": None}
+            if item.audio is not None and item.sample_rate:
+                seconds = len(item.audio) / item.sample_rate
+                if seconds > budget:
+                    if message["text"] is None:
+                        continue
+                else:
+                    budget -= seconds
+                    message["audio"], message["sample_rate"] = item.audio, item.sample_rate
+            if message["text"] is None and message["audio"] is None:
+                continue
+            kept.append(message)
+        kept.reverse()
+        if instructions:
+            kept.insert(0, {"role": "system", "text": instructions, "audio": None, "sample_rate": None})
+        return kept
+
+    def clear(self) -> None:
+        self.items.clear()

@@ -1,0 +1,27 @@
+"""The session layer's Prometheus metrics (names from CONTRACT.md), on the default registry."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+TRANSPORTS = ("webrtc", "websocket", "sip", "twilio")
+
+SESSIONS_ACTIVE = Gauge("duplex_sessions_active", "Live sessions", ["transport"])
+SESSIONS_TOTAL = Counter("duplex_sessions_total", "Sessions started", ["transport"])
+BARGE_INS_TOTAL = Counter("duplex_barge_ins_total", "Confirmed interruptions of the agent")
+TURNS_TOTAL = Counter("duplex_turns_total", "User turns answered")
+VOICE_TO_VOICE_SECONDS = Histogram(
+    "duplex_voice_to_voice_seconds",
+    "End of the user's turn (decision) until the agent's first audio is queued for playout",
+    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+)
+BARGE_IN_STOP_SECONDS = Histogram(
+    "duplex_barge_in_stop_seconds",
+    "User speech onset reaching the session until the agent's audio is paused",
+    buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+)
+OUTBOUND_QUEUE_SECONDS = Gauge(
+    "duplex_outbound_queue_seconds", "Agent audio queued for playout, all sessions"
+)
+
+for _transport in TRANSPORTS:
+    SESSIONS_ACTIVE.labels(_transport)
+    SESSIONS_TOTAL.labels(_transport)

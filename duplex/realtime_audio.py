@@ -1,0 +1,83 @@
+"""Audio as the Realtime protocol carries it in events: base64 ``audio/pcm`` (24 kHz s16 mono),
+``audio/pcmu`` or ``audio/pcma`` (8 kHz G.711).
+
+A decoder or encoder belongs to one session and one direction (the resampler keeps history across
+chunks); the session replaces it when the client changes the format.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import numpy as np
+
+from duplex.audio import (
+    Resampler,
+    alaw_decode,
+    alaw_encode,
+    float_to_pcm16,
+    pcm16_to_float,
+    ulaw_decode,
+    ulaw_encode,
+)
+
+PCM_RATE = 24000
+G711_RATE = 8000
+
+
+class AudioFormatError(ValueError):
+    """The client's audio cannot be decoded in the session's input format."""
+
+
+def _wire_rate(fmt: str) -> int:
+    return PCM_RATE if fmt == "audio/pcm" else G711_RATE
+
+
+class InboundDecoder:
+    """base64 audio in ``fmt`` → float32 mono at ``rate`` (the VAD/model rate)."""
+
+    def __init__(self, fmt: str, rate: int = 16000) -> None:
+        self.format = fmt
+        self._resampler = Resampler(_wire_rate(fmt), rate)
+
+    def decode(self, b64: str) -> np.ndarray:
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise AudioFormatError(f"audio is not valid base64: {err}") from None
+        if self.format == "audio/pcm":
+            if len(raw) % 2:
+                raise AudioFormatError("audio/pcm needs whole 16-bit samples (an even byte count)")
+            samples = pcm16_to_float(np.frombuffer(raw, dtype="<i2"))
+        elif self.format == "audio/pcmu":
+            samples = pcm16_to_float(ulaw_decode(raw))
+        else:
+            samples = pcm16_to_float(alaw_decode(raw))
+        return self._resampler.push(samples)
+
+
+class OutboundEncoder:
+    """float32 mono at ``rate`` (the model's output) → base64 audio in ``fmt``."""
+
+    def __init__(self, fmt: str, rate: int) -> None:
+        self.format = fmt
+        out_rate = _wire_rate(fmt)
+        self._resampler = None if rate == out_rate else Resampler(rate, out_rate)
+
+    def encode(self, samples: np.ndarray) -> tuple[str, int]:
+        """The base64 payload and how many wire samples it holds."""
+        if self._resampler is not None:
+            samples = self._resampler.push(samples)
+        pcm = float_to_pcm16(samples)
+        if self.format == "audio/pcm":
+            raw = pcm.astype("<i2").tobytes()
+        elif self.format == "audio/pcmu":
+            raw = ulaw_encode(pcm)
+        else:
+            raw = alaw_encode(pcm)
+        return base64.b64encode(raw).decode("ascii"), len(pcm)
+
+    @property
+    def rate(self) -> int:
+        return _wire_rate(self.format)

@@ -1,0 +1,97 @@
+"""``python -m duplex.serve``: settings, the FastAPI app, the pipeline, uvicorn.
+
+The app owns one AppState for its life: the pipeline (started in the background at start-up, so
+``/healthz`` answers 503 while a model loads), the session registry and the ICE policy. Shutdown
+ends every session, then stops the pipeline and its stage processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from duplex.api import routers
+from duplex.api.errors import HANDLERS
+from duplex.logs import setup_logging
+from duplex.registry import SessionRegistry
+from duplex.settings import Preset, load_preset
+from duplex.state import AppState
+from duplex.webrtc import IcePolicy, parse_ice_server
+from pipeline.config import ConfigError
+from pipeline.runner import start_pipeline
+
+log = logging.getLogger(__name__)
+
+WEB_CLIENT = Path(__file__).resolve().parent.parent / "web_client"
+WS_MAX_BYTES = 16 * 1024 * 1024
+
+
+async def _load_pipeline(state: AppState) -> None:
+    settings = state.settings
+    try:
+        state.pipeline = await start_pipeline(state.preset.pipeline, mode=settings.pipeline_mode)
+    except Exception as err:  # noqa: BLE001 - reported by /healthz and the log
+        state.pipeline_error = str(err)
+        log.error("the pipeline could not start: %s", err)
+        return
+    log.info("preset %s ready", settings.preset)
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: AppState = app.state.duplex
+    loader = asyncio.create_task(_load_pipeline(state))
+    try:
+        yield
+    finally:
+        await state.registry.close_all()
+        loader.cancel()
+        await asyncio.gather(loader, return_exceptions=True)
+        if state.pipeline is not None:
+            await state.pipeline.close()
+
+
+def create_app(preset: Preset, policy: IcePolicy) -> FastAPI:
+    app = FastAPI(title="duplex", lifespan=_lifespan, exception_handlers=HANDLERS)
+    app.state.duplex = AppState(preset, SessionRegistry(preset.settings.max_sessions), policy)
+    for router in routers():
+        app.include_router(router)
+    app.mount("/", StaticFiles(directory=WEB_CLIENT, html=True), name="web_client")
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    setup_logging()
+    try:
+        preset = load_preset(argv)
+        settings = preset.settings
+        policy = IcePolicy(tuple(parse_ice_server(u) for u in settings.ice_server), tuple(settings.ice_host))
+    except (ConfigError, ValueError) as err:
+        print(f"duplex: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    log.info("preset %s: %s", settings.preset, preset.description or "(no description)")
+    if settings.sip_port is not None:
+        log.warning("--sip-port: SIP telephony is not implemented yet; no SIP listener started")
+    scheme = "https" if settings.ssl_certfile else "http"
+    print(f"duplex: open {scheme}://{settings.host}:{settings.port}/ to talk to the agent", flush=True)
+    uvicorn.run(
+        create_app(preset, policy),
+        host=settings.host,
+        port=settings.port,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+        ws_max_size=WS_MAX_BYTES,
+        log_config=None,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,453 @@
+"""One conversation: the turn state machine, barge-in, responses, history and truncation.
+
+A Session is transport-agnostic: WebRTC and the Realtime WebSocket each create one per connection
+and feed it inbound audio (``on_audio``, 16 kHz float32) and client events (``on_event``); it sends
+server events through ``SessionTransport.send_event`` and agent audio through its ``AgentAudio``.
+It reaches the model only through the coordinator (``stream`` / ``abort``).
+
+States: listening → user_speaking → thinking → speaking → listening. Barge-in, while a response is
+active and ``interrupt_response`` is on:
+
+1. speech onset pauses the agent's audio at once (no event): a *possible* interruption;
+2. speech that lasts ``interrupt_min_speech_ms`` confirms it: ``speech_started`` (with the real
+   onset), ``output_audio_buffer.cleared`` (paced transports), the pipeline request is aborted and
+   acknowledged, ``response.done`` (cancelled), ``conversation.item.truncated`` with the audio the
+   user heard before the pause; the speech goes on as the user's next turn;
+3. silence before that (a cough, a click) is a false interruption: the audio resumes where it
+   paused and the fragment is discarded.
+
+While the agent's audio is less than ``echo_guard_ms`` old the VAD threshold is raised to
+``echo_guard_threshold`` so that the agent's own echo does not interrupt it.
+
+Time: turn-taking runs on audio time (positions in the inbound stream), so it is deterministic for
+the same audio; only metrics read the wall clock. State (the VAD, the history, the response in
+flight, a pending interruption) belongs to this session and is released by ``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from duplex import metrics
+from duplex.history import History, Item
+from duplex.playout import AgentAudio
+from duplex.realtime import (
+    RealtimeError,
+    SessionConfig,
+    assistant_item,
+    event,
+    new_id,
+    response_object,
+    session_object,
+)
+from duplex.realtime_audio import InboundDecoder, OutboundEncoder
+from duplex.settings import SessionDefaults
+from duplex.session_events import ClientEvents
+from duplex.vad import SAMPLE_RATE, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector
+from pipeline.coordinator import Coordinator, PipelineError, PipelineOverloaded
+from pipeline.proto import OmniRequest
+
+log = logging.getLogger(__name__)
+
+
+class SessionTransport(Protocol):
+    kind: str  # metrics label: webrtc | websocket
+
+    def send_event(self, event: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class _Response:
+    """One response in flight; lives from response.create (or end of turn) to response.done."""
+
+    id: str
+    item: Item
+    request_id: str
+    speaks: bool
+    turn_end_at: float | None
+    task: asyncio.Task[None] | None = None
+    audio_samples: int = 0
+    audio_rate: int = 24000
+    first_audio_at: float | None = None
+    playout_started_at: float | None = None
+    cancel_reason: str | None = None
+    generation_done: bool = False
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+    encoder: OutboundEncoder | None = None
+
+    @property
+    def audio_ms(self) -> int:
+        return self.audio_samples * 1000 // self.audio_rate
+
+
+@dataclass
+class _Interruption:
+    """Speech over the agent, not yet confirmed; ``heard_ms`` is what was played before the pause."""
+
+    onset_ms: int
+    heard_ms: int
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        transport: SessionTransport,
+        audio: AgentAudio,
+        pipeline: Coordinator,
+        defaults: SessionDefaults,
+        voices: list[str],
+        model_name: str,
+    ) -> None:
+        self.id = session_id
+        self.transport = transport
+        self.audio = audio
+        self.pipeline = pipeline
+        self.defaults = defaults
+        self.voices = voices
+        self.model_name = model_name
+        self.config = SessionConfig.from_defaults(defaults)
+        self.history = History(defaults.max_input_audio_s)
+        self.state = "listening"
+        self.log = logging.LoggerAdapter(log, {"session_id": session_id})
+        self._detector = TurnDetector(self._turn_detection())
+        self._manual_buffer: list[np.ndarray] = []
+        self._manual_samples = 0
+        self._decoder = InboundDecoder(self.config.input_format)
+        self._response: _Response | None = None
+        self._interruption: _Interruption | None = None
+        self._user_item_id: str | None = None
+        self._closed = False
+        self._events = ClientEvents(self)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.send(event("session.created", session=self.session_object()))
+
+    async def close(self) -> None:
+        """End the session: abort the response in flight and release every piece of state."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._response is not None:
+            await self.cancel_response("session_closed")
+        self._detector.reset()
+        self.history.clear()
+        self._manual_buffer.clear()
+        self.log.info("session %s closed", self.id)
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self._closed:
+            self.transport.send_event(message)
+
+    def session_object(self) -> dict[str, Any]:
+        return session_object(self.id, self.config, self.model_name)
+
+    def _turn_detection(self) -> TurnDetection:
+        td = self.config.turn_detection
+        base = TurnDetection(max_turn_ms=int(self.defaults.max_input_audio_s * 1000))
+        if td is None:
+            return base
+        return TurnDetection(td.threshold, td.prefix_padding_ms, td.silence_duration_ms, base.max_turn_ms)
+
+    def reconfigure(self, config: SessionConfig) -> None:
+        """Apply a validated session.update."""
+        self.config = config
+        self._detector.config = self._turn_detection()
+        if config.input_format != self._decoder.format:
+            self._decoder = InboundDecoder(config.input_format)
+
+    # --- inbound audio --------------------------------------------------------------------
+
+    def on_audio(self, samples: np.ndarray, received_at: float | None = None) -> None:
+        """Inbound audio at 16 kHz (float32 mono), as it arrives; ``received_at`` is monotonic."""
+        if self._closed:
+            return
+        received_at = time.monotonic() if received_at is None else received_at
+        if self.config.turn_detection is None:
+            self._append_manual(samples)
+            return
+        self._detector.threshold_override = self._echo_guard()
+        for turn_event in self._detector.process(samples):
+            if isinstance(turn_event, SpeechStarted):
+                self._on_onset(turn_event, received_at)
+            else:
+                self._on_turn_end(turn_event)
+        self._check_interruption()
+
+    def on_wire_audio(self, b64: str) -> None:
+        """``input_audio_buffer.append`` audio, in the session's input format."""
+        self.on_audio(self._decoder.decode(b64))
+
+    def _append_manual(self, samples: np.ndarray) -> None:
+        limit = int(self.defaults.max_input_audio_s * SAMPLE_RATE)
+        if self._manual_samples + len(samples) > limit:
+            raise RealtimeError(
+                f"the input audio buffer is full ({self.defaults.max_input_audio_s:.0f} s)",
+                code="input_audio_buffer_full",
+            )
+        self._manual_buffer.append(np.asarray(samples, dtype=np.float32))
+        self._manual_samples += len(samples)
+
+    def _echo_guard(self) -> float | None:
+        resp = self._response
+        if resp is None or resp.playout_started_at is None:
+            return None
+        young = time.monotonic() - resp.playout_started_at < self.defaults.echo_guard_ms / 1000
+        return self.defaults.echo_guard_threshold if young else None
+
+    def _agent_active(self) -> bool:
+        td = self.config.turn_detection
+        return self._response is not None and td is not None and td.interrupt_response
+
+    def _on_onset(self, onset: SpeechStarted, received_at: float) -> None:
+        if self._agent_active():
+            assert self._response is not None
+            self.audio.pause()
+            self._interruption = _Interruption(onset.start_ms, self.audio.heard_ms(self._response.item.id))
+            metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - received_at)
+            self.log.info("possible interruption at %d ms: agent audio paused", onset.start_ms)
+            return
+        self._speech_started(onset.start_ms)
+
+    def _speech_started(self, onset_ms: int) -> None:
+        self._user_item_id = new_id("item")
+        self.state = "user_speaking"
+        self.send(event("input_audio_buffer.speech_started", audio_start_ms=onset_ms,
+                        item_id=self._user_item_id))
+
+    def _check_interruption(self) -> None:
+        pending = self._interruption
+        if pending is None:
+            return
+        if not self._detector.in_speech:
+            self._false_interruption()
+        elif self._detector.speech_ms >= self.defaults.interrupt_min_speech_ms:
+            self._confirm_interruption(pending)
+        elif self._detector.silence_ms >= self.defaults.interrupt_min_speech_ms:
+            self._detector.discard_turn()
+            self._false_interruption()
+
+    def _false_interruption(self) -> None:
+        self._interruption = None
+        self.audio.resume()
+        self.log.info("false interruption: agent audio resumed")
+
+    def _confirm_interruption(self, pending: _Interruption) -> None:
+        self._interruption = None
+        resp = self._response
+        metrics.BARGE_INS_TOTAL.inc()
+        self.log.info("interruption confirmed; the user heard %d ms", pending.heard_ms)
+        self._speech_started(pending.onset_ms)
+        if resp is None:
+            return
+        self.audio.clear()
+        if self.audio.paces_playout:
+            self.send(event("output_audio_buffer.cleared", response_id=resp.id))
+        self.audio.resume()
+        asyncio.get_running_loop().create_task(self._truncate_after_cancel(resp, pending.heard_ms))
+
+    async def _truncate_after_cancel(self, resp: _Response, heard_ms: int) -> None:
+        await self.cancel_response("turn_detected")
+        self.truncate(resp.item, heard_ms)
+
+    def truncate(self, item: Item, audio_end_ms: int) -> None:
+        self.history.truncate(item, audio_end_ms)
+        self.send(event("conversation.item.truncated", item_id=item.id, content_index=0,
+                        audio_end_ms=audio_end_ms))
+
+    def _on_turn_end(self, stop: SpeechStopped) -> None:
+        if self._interruption is not None:
+            self._false_interruption()
+            return
+        item_id = self._user_item_id or new_id("item")
+        self._user_item_id = None
+        self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=stop.end_ms, item_id=item_id))
+        self.commit_user_audio(item_id, stop.audio)
+        td = self.config.turn_detection
+        if td is not None and td.create_response and self._response is None:
+            self.start_response(turn_end_at=time.monotonic())
+
+    # --- user items -----------------------------------------------------------------------
+
+    def commit_manual_buffer(self) -> None:
+        if not self._manual_buffer:
+            raise RealtimeError("the input audio buffer is empty", code="input_audio_buffer_commit_empty")
+        audio = np.concatenate(self._manual_buffer)
+        self.clear_manual_buffer()
+        self.commit_user_audio(new_id("item"), audio)
+
+    def clear_manual_buffer(self) -> None:
+        self._manual_buffer.clear()
+        self._manual_samples = 0
+        self._detector.discard_turn()
+
+    def commit_user_audio(self, item_id: str, audio: np.ndarray) -> None:
+        previous = self.history.last_id
+        self.history.add(Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE))
+        self.state = "thinking"
+        self.send(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
+        self._events.announce_item(self.history.items[-1], previous)
+
+    # --- responses ------------------------------------------------------------------------
+
+    def start_response(self, turn_end_at: float | None = None, overrides: dict[str, Any] | None = None) -> None:
+        if self._response is not None:
+            raise RealtimeError("a response is already in progress",
+                                code="conversation_already_has_active_response")
+        overrides = overrides or {}
+        modalities = overrides.get("output_modalities") or list(self.config.output_modalities)
+        resp = _Response(
+            id=new_id("resp"),
+            item=Item(new_id("item"), "assistant"),
+            request_id=new_id("req"),
+            speaks="audio" in modalities,
+            turn_end_at=turn_end_at,
+        )
+        if resp.speaks and not self.audio.paces_playout:
+            resp.encoder = OutboundEncoder(self.config.output_format, self.pipeline.output_sample_rate or 24000)
+        self._response = resp
+        params = {
+            "modalities": ["text", "audio"] if resp.speaks else ["text"],
+            "voice": self.config.voice,
+            "max_output_tokens": overrides.get("max_output_tokens", self.config.max_output_tokens),
+        }
+        instructions = overrides.get("instructions", self.config.instructions)
+        request = OmniRequest(resp.request_id, {"messages": self.history.messages(instructions)}, params)
+        previous = self.history.last_id
+        self.history.add(resp.item)  # now, so that turns committed meanwhile come after it
+        resp.task = asyncio.get_running_loop().create_task(self._run_response(resp, request, previous))
+
+    async def cancel_response(self, reason: str) -> bool:
+        """Cancel the response in flight (if any) and wait until its response.done went out."""
+        resp = self._response
+        if resp is None or resp.task is None:
+            return False
+        if resp.cancel_reason is None:
+            resp.cancel_reason = reason
+            resp.drained.set()
+            await self.pipeline.abort(resp.request_id)
+        await asyncio.shield(resp.task)
+        return True
+
+    async def _run_response(self, resp: _Response, request: OmniRequest, previous: str | None) -> None:
+        self.log.info("response %s: request %s", resp.id, resp.request_id)
+        status, error = "completed", None
+        self._announce_response(resp, previous)
+        try:
+            async for chunk in self.pipeline.stream(request):
+                if chunk.data.get("text"):
+                    self._on_text(resp, chunk.data["text"])
+                audio = chunk.data.get("audio")
+                if resp.speaks and audio is not None and len(audio):
+                    self._on_model_audio(resp, np.asarray(audio, dtype=np.float32), chunk.data["sample_rate"])
+            resp.generation_done = True
+            if resp.speaks and resp.audio_samples:
+                self.audio.end_item(resp.item.id)
+                if self.audio.paces_playout:
+                    await self._wait_played(resp)
+        except PipelineOverloaded as err:
+            status, error = "failed", {"type": "server_error", "code": "overloaded", "message": str(err)}
+        except PipelineError as err:
+            status, error = "failed", {"type": "server_error", "code": "pipeline_error", "message": str(err)}
+        if resp.cancel_reason is not None:
+            status = "cancelled"
+        if error is not None:
+            self.log.warning("response %s failed: %s", resp.id, error["message"])
+            self.send(event("error", error={**error, "param": None, "event_id": None}))
+        self._finish_response(resp, status, error)
+
+    def _announce_response(self, resp: _Response, previous: str | None) -> None:
+        self.send(event("response.created", response=response_object(resp.id, "in_progress", [])))
+        item = assistant_item(resp.item.id, resp.speaks, "", "in_progress")
+        self.send(event("response.output_item.added", response_id=resp.id, output_index=0, item=item))
+        self._events.announce_added(item, previous)
+        part = {"type": "output_audio", "transcript": ""} if resp.speaks else {"type": "output_text", "text": ""}
+        self.send(event("response.content_part.added", response_id=resp.id, item_id=resp.item.id,
+                        output_index=0, content_index=0, part=part))
+
+    def _on_text(self, resp: _Response, text: str) -> None:
+        resp.item.deltas.append((text, resp.audio_ms))
+        kind = "response.output_audio_transcript.delta" if resp.speaks else "response.output_text.delta"
+        self.send(event(kind, response_id=resp.id, item_id=resp.item.id, output_index=0,
+                        content_index=0, delta=text))
+
+    def _on_model_audio(self, resp: _Response, audio: np.ndarray, rate: int) -> None:
+        if resp.cancel_reason is not None:
+            return
+        now = time.monotonic()
+        if resp.first_audio_at is None:
+            resp.first_audio_at = now
+            self.state = "speaking"
+            if not self.audio.paces_playout:
+                self._playout_started(resp, now)
+        resp.audio_rate = rate
+        resp.audio_samples += len(audio)
+        self.audio.play(resp.item.id, audio, rate)
+        if resp.encoder is not None:
+            delta, _ = resp.encoder.encode(audio)
+            self.send(event("response.output_audio.delta", response_id=resp.id, item_id=resp.item.id,
+                            output_index=0, content_index=0, delta=delta))
+
+    def _playout_started(self, resp: _Response, now: float) -> None:
+        resp.playout_started_at = now
+        if resp.turn_end_at is not None:
+            metrics.VOICE_TO_VOICE_SECONDS.observe(now - resp.turn_end_at)
+            metrics.TURNS_TOTAL.inc()
+
+    def on_playout(self, kind: str, item_id: str) -> None:
+        """The paced track started an item's audio, or its queue ran dry."""
+        resp = self._response
+        if resp is None or resp.item.id != item_id:
+            return
+        if kind == "started" and resp.playout_started_at is None:
+            self._playout_started(resp, time.monotonic())
+            self.send(event("output_audio_buffer.started", response_id=resp.id))
+        elif kind == "drained":
+            resp.drained.set()
+
+    async def _wait_played(self, resp: _Response) -> None:
+        while resp.cancel_reason is None and self.audio.queued_seconds() > 0:
+            resp.drained.clear()
+            await resp.drained.wait()
+
+    def _finish_response(self, resp: _Response, status: str, error: dict[str, Any] | None) -> None:
+        text = resp.item.transcript
+        item = assistant_item(resp.item.id, resp.speaks, text, "completed" if status == "completed" else "incomplete")
+        if resp.speaks:
+            if resp.encoder is not None:
+                self.send(event("response.output_audio.done", response_id=resp.id, item_id=resp.item.id,
+                                output_index=0, content_index=0))
+            self.send(event("response.output_audio_transcript.done", response_id=resp.id,
+                            item_id=resp.item.id, output_index=0, content_index=0, transcript=text))
+            part = {"type": "output_audio", "transcript": text}
+        else:
+            self.send(event("response.output_text.done", response_id=resp.id, item_id=resp.item.id,
+                            output_index=0, content_index=0, text=text))
+            part = {"type": "output_text", "text": text}
+        self.send(event("response.content_part.done", response_id=resp.id, item_id=resp.item.id,
+                        output_index=0, content_index=0, part=part))
+        self.send(event("response.output_item.done", response_id=resp.id, output_index=0, item=item))
+        self.send(event("conversation.item.done", item=item))
+        self.send(event("response.done", response=response_object(
+            resp.id, status, [item], reason=resp.cancel_reason, error=error)))
+        if status == "completed" and resp.audio_samples and self.audio.paces_playout:
+            self.send(event("output_audio_buffer.stopped", response_id=resp.id))
+        self.audio.release(resp.item.id)
+        self._response = None
+        if self.state in ("thinking", "speaking"):
+            self.state = "listening"
+        self.log.info("response %s %s (%d ms of audio)", resp.id, status, resp.audio_ms)
+
+    # --- client events --------------------------------------------------------------------
+
+    async def on_event(self, message: Any) -> None:
+        """One client event (already parsed JSON); errors become ``error`` events."""
+        await self._events.handle(message)

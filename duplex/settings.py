@@ -1,0 +1,136 @@
+"""Server settings: command line, ``DUPLEX_<OPTION>`` environment variables and preset file keys.
+
+Precedence, highest first: command line, environment, the preset file, defaults. One preset file
+holds both the server settings (top-level keys named like the options, plus a ``session`` section of
+turn-taking defaults) and the ``pipeline`` section (``pipeline.config``). Settings are immutable and
+live as long as the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.config import ConfigError, PipelineConfig, parse_pipeline_config, read_yaml
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class SessionDefaults(BaseModel):
+    """Turn-taking defaults of every new session (CONTRACT.md); clients change them per session."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instructions: str = "You are a helpful voice assistant. Answer briefly."
+    voice: str = "default"
+    vad_threshold: float = Field(default=0.5, gt=0, lt=1)
+    prefix_padding_ms: int = Field(default=300, ge=0)
+    silence_duration_ms: int = Field(default=500, ge=100)
+    interrupt_min_speech_ms: int = Field(default=200, ge=0)
+    echo_guard_threshold: float = Field(default=0.7, gt=0, lt=1)
+    echo_guard_ms: int = Field(default=1000, ge=0)
+    inbound_media_timeout_s: float = Field(default=10.0, gt=0)
+    max_input_audio_s: float = Field(default=120.0, gt=0)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: str
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_key: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ice_server: list[str] = Field(default_factory=list)
+    ice_host: list[str] = Field(default_factory=list)
+    sip_port: int | None = Field(default=None, ge=0, le=65535)
+    max_sessions: int = Field(default=8, ge=1)
+    pipeline_mode: Literal["process", "inproc"] = "process"
+    voices: list[str] = Field(default_factory=lambda: ["default"])
+    session: SessionDefaults = Field(default_factory=SessionDefaults)
+
+
+@dataclass(frozen=True)
+class Preset:
+    settings: ServerSettings
+    pipeline: PipelineConfig
+    description: str
+
+
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "host": {},
+    "port": {"type": int},
+    "api_key": {},
+    "ssl_certfile": {},
+    "ssl_keyfile": {},
+    "ice_server": {"nargs": "+", "action": "extend"},
+    "ice_host": {"nargs": "+", "action": "extend"},
+    "sip_port": {"type": int},
+    "max_sessions": {"type": int},
+    "pipeline_mode": {"choices": ["process", "inproc"]},
+}
+
+
+def default_preset() -> str:
+    """The real model where CUDA is available, the tiny random-weight one elsewhere."""
+    import torch
+
+    return "qwen3_omni" if torch.cuda.is_available() else "qwen3_omni_tiny"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m duplex.serve", description=__doc__)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--preset", help=f"load {CONFIGS_DIR}/NAME.yaml")
+    where.add_argument("--config", help="load a preset file from anywhere")
+    for name, kwargs in _OPTIONS.items():
+        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, **kwargs)
+    return p
+
+
+def _from_env(environ: dict[str, str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, kwargs in _OPTIONS.items():
+        value = environ.get(f"DUPLEX_{name.upper()}")
+        if value is None:
+            continue
+        found[name] = value.split(",") if kwargs.get("nargs") else value
+    return found
+
+
+def load_preset(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Preset:
+    """Resolve every setting; raises ConfigError with a message naming the bad field."""
+    environ = dict(os.environ if environ is None else environ)
+    args = vars(parser().parse_args(argv))
+    preset_name = args.pop("preset") or environ.get("DUPLEX_PRESET")
+    config_file = args.pop("config") or environ.get("DUPLEX_CONFIG")
+    if config_file:
+        path = Path(config_file)
+    else:
+        preset_name = preset_name or default_preset()
+        path = CONFIGS_DIR / f"{preset_name}.yaml"
+        if not path.exists():
+            known = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+            raise ConfigError(f"--preset: no preset named {preset_name!r} (known: {known})")
+    data = read_yaml(path)
+    name = str(data.pop("name", path.stem))
+    description = str(data.pop("description", "")).strip()
+    if "pipeline" not in data:
+        raise ConfigError(f"{path}: pipeline: missing section")
+    pipeline = parse_pipeline_config(data.pop("pipeline"), where=f"{path}: pipeline")
+    merged: dict[str, Any] = {**data, **_from_env(environ)}
+    merged.update({k: v for k, v in args.items() if v is not None})
+    merged["preset"] = name
+    try:
+        settings = ServerSettings.model_validate(merged)
+    except ValidationError as err:
+        lines = [f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
+        raise ConfigError("\n".join(lines)) from None
+    return Preset(settings, pipeline, description)

@@ -1,0 +1,99 @@
+"""A real ``python -m duplex.serve`` in a subprocess, for end-to-end tests.
+
+Use inside the loopback-only namespace (``make test`` runs pytest in one). The server is started
+with a preset file written for the test (``write_preset``) and stopped with SIGINT, as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTUP_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_preset(path: Path, base: str = "toy", **overrides: Any) -> Path:
+    """``configs/{base}.yaml`` with top-level ``overrides`` (e.g. ``session={...}``)."""
+    data = yaml.safe_load((ROOT / "configs" / f"{base}.yaml").read_text())
+    data.update(overrides)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str, labels: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> float:
+        """The value of one sample of ``/metrics`` (0 when absent)."""
+        text = httpx.get(f"{self.url}/metrics", headers=headers, timeout=10).text
+        want = ",".join(f'{k}="{v}"' for k, v in (labels or {}).items())
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            if key == name or (want and key == f"{name}{{{want}}}"):
+                return float(value)
+        return 0.0
+
+
+@contextmanager
+def run_server(preset: Path, *args: str, tmp: Path) -> Iterator[ServerProcess]:
+    port = free_port()
+    log_path = tmp / f"server-{port}.log"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "duplex.serve", "--config", str(preset), "--port", str(port),
+             "--ice-host", "127.0.0.1", *args],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        _wait_healthy(server)
+        yield server
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_healthy(server: ServerProcess) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)  # polling a subprocess's readiness: no event to wait on across processes
+    raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S:.0f}s:\n{server.log()}")
