@@ -27,13 +27,14 @@ def candidate_addresses(sdp: str) -> set[str]:
     return {line.split()[4] for line in sdp.splitlines() if line.startswith("a=candidate:")}
 
 
-async def client_offer(**transceivers: str) -> str:
+async def client_offer(policy: IcePolicy = LOOPBACK, **transceivers: str) -> str:
     """A real aiortc offer: ``audio="sendrecv"`` etc., plus an events channel."""
-    pc = RTCPeerConnection(LOOPBACK.configuration())
+    pc = RTCPeerConnection(policy.configuration())
     for kind, direction in transceivers.items():
         pc.addTransceiver(kind, direction=direction)
     pc.createDataChannel("oai-events")
-    LOOPBACK.restrict(pc)
+    policy.restrict(pc)
+    policy.restrict(pc)  # idempotent
     await pc.setLocalDescription(await pc.createOffer())
     sdp = pc.localDescription.sdp
     await pc.close()
@@ -110,19 +111,10 @@ def test_remote_candidates_outside_the_allowed_scope_are_dropped() -> None:
 
 
 async def test_host_restriction_is_per_peer() -> None:
-    offers = {}
-    for host in ("127.0.0.1", "::1"):
-        policy = IcePolicy(hosts=(host,))
-        pc = RTCPeerConnection(policy.configuration())
-        pc.addTransceiver("audio")
-        pc.createDataChannel("oai-events")
-        policy.restrict(pc)
-        policy.restrict(pc)  # idempotent
-        await pc.setLocalDescription(await pc.createOffer())
-        offers[host] = pc.localDescription.sdp
-        await pc.close()
-    assert candidate_addresses(offers["127.0.0.1"]) == {"127.0.0.1"}
-    assert candidate_addresses(offers["::1"]) == {"::1"}
+    on_ipv4 = await client_offer(IcePolicy(hosts=("127.0.0.1",)), audio="sendrecv")
+    on_ipv6 = await client_offer(IcePolicy(hosts=("::1",)), audio="sendrecv")
+    assert candidate_addresses(on_ipv4) == {"127.0.0.1"}
+    assert candidate_addresses(on_ipv6) == {"::1"}
 
 
 async def test_a_call_carries_audio_and_events_both_ways() -> None:
