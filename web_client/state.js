@@ -106,13 +106,17 @@ function contentText(content) {
   return texts.length ? texts.join('') : null;
 }
 
+/** An entry's new whole text; a truncated entry keeps its own, with the unheard part marked. */
+function replaceText(current, text) {
+  return current.status === 'truncated' ? {} : { text };
+}
+
 /** Merges a server item snapshot into the transcript; messages only (no tool calls). */
 function mergeItem(items, item, responseId) {
   if (item?.type !== 'message' || !['user', 'assistant'].includes(item.role)) return items;
   const text = contentText(item.content);
   return withEntry(items, item.id, item.role, (current) => ({
-    // Once truncated, the text stays whole on screen with its unheard part marked.
-    ...(text !== null && text !== '' && current.status !== 'truncated' ? { text } : {}),
+    ...(text ? replaceText(current, text) : {}),
     ...(item.role === 'user' ? { status: 'completed' } : {}),
     ...(responseId ? { responseId } : {}),
   }));
@@ -132,9 +136,7 @@ function finishText(state, text, event) {
   if (typeof text !== 'string') return state;
   return {
     ...state,
-    items: withEntry(state.items, event.item_id, 'assistant', (current) => (
-      current.status === 'truncated' ? {} : { text }
-    )),
+    items: withEntry(state.items, event.item_id, 'assistant', (current) => replaceText(current, text)),
   };
 }
 
@@ -161,8 +163,6 @@ function calibratedRate(state, now) {
   }
   return answer.text.length / (played / 1000);
 }
-
-const RESPONSE_ENTRY_STATUS = { completed: 'completed', cancelled: 'cancelled', failed: 'failed', incomplete: 'incomplete' };
 
 const handlers = {
   'session.created': (state, event) => ({ ...state, connection: 'connected', session: event.session }),
@@ -208,7 +208,7 @@ const handlers = {
   'response.done': (state, event) => {
     const response = event.response ?? {};
     let items = (response.output ?? []).reduce((acc, item) => mergeItem(acc, item, response.id), state.items);
-    const status = RESPONSE_ENTRY_STATUS[response.status] ?? 'completed';
+    const status = ['cancelled', 'failed', 'incomplete'].includes(response.status) ? response.status : 'completed';
     items = items.map((item) => (
       item.responseId === response.id && item.status !== 'truncated' ? { ...item, status } : item
     ));

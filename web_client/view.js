@@ -52,7 +52,7 @@ export function createView(doc) {
     const space = rest.match(/^\s*/)[0];
     const unheard = doc.createElement('s');
     unheard.className = 'unheard';
-    unheard.textContent = rest.slice(space.length);
+    unheard.textContent = rest.slice(space.length).trimEnd();
     node.text.append(item.text.slice(0, item.heardChars) + space, unheard);
   }
 

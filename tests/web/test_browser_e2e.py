@@ -35,18 +35,19 @@ pytestmark = pytest.mark.e2e
 # server's end-of-turn silence (500 ms), so each loop is a turn, and is shorter than the toy
 # preset's answer (~2.9 s of tones), so the next loop's speech lands on the answer: a barge-in.
 PAUSE_S = 1.5
-SPEECH = "Hello there. Can you hear me? Tell me something about the weather."
+SPEECH = "Hello there, can you hear me?"
 
 STARTUP_TIMEOUT_S = 120
 TURN_TIMEOUT_MS = 45_000
 
 # Records every data-state the page takes, however briefly, for the assertions and for failures.
+# It watches the document: an init script runs before the <html> element exists.
 STATE_RECORDER = """
 window.__duplexStates = [];
 new MutationObserver(() => {
   const state = document.documentElement.dataset.state;
   if (state && window.__duplexStates.at(-1) !== state) window.__duplexStates.push(state);
-}).observe(document.documentElement, { attributes: true, attributeFilter: ['data-state'] });
+}).observe(document, { attributes: true, attributeFilter: ['data-state'], subtree: true });
 """
 
 
