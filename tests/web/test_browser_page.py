@@ -157,6 +157,22 @@ def test_microphone_permission_denied(playwright_session) -> None:
         browser.close()
 
 
+def test_invalid_settings_stop_the_call_before_it_starts(page: Page) -> None:
+    posts: list[str] = []
+    page.route(CALLS, lambda route: posts.append(route.request.method) or route.abort())
+    page.locator("details.settings summary").click()
+    page.get_by_label("Speech threshold").fill("2")
+    page.get_by_role("button", name="Connect").click()
+    expect(page.locator("#vad-threshold:invalid")).to_have_count(1)
+    page.get_by_role("button", name="Apply settings").click()
+    expect(page.locator("#settings-note")).to_have_text("")
+    page.get_by_label("Speech threshold").fill("0.6")
+    page.get_by_role("button", name="Apply settings").click()
+    expect(page.locator("#settings-note")).to_contain_text("when the call starts")
+    expect(page.locator("html")).to_have_attribute("data-connection", "idle")
+    assert posts == []
+
+
 def test_keyboard_order_follows_the_page(page: Page) -> None:
     order = []
     for _ in range(4):
@@ -228,6 +244,7 @@ def test_a_conversation_draws_states_transcript_truncation_and_latency(page: Pag
     screenshot(page, "web-client-desktop.png")
     page.set_viewport_size({"width": 390, "height": 844})
     screenshot(page, "web-client-phone.png")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "sideways scroll on a phone"
 
     assert dispatch(page, {"type": "input_audio_buffer.speech_stopped", "item_id": "u2"}) == "thinking"
     dispatch(page, {"type": "client.hangup"})
