@@ -129,3 +129,128 @@ async def test_spoken_question_gets_a_spoken_answer(server: ServerProcess) -> No
     assert server.metric("duplex_turns_total") >= 1
     await hang_up(server, call)
     await wait_stages_idle(server)
+
+
+def audible_seconds(call: Call, since: float = 0.0) -> float:
+    """Agent audio received so far (frames with signal), in seconds."""
+    return sum(len(s) for t, s, _ in call.peer.frames if t >= since and np.abs(s).max() > 0.02) / 48000
+
+
+def fragment(word: str, ms: int) -> np.ndarray:
+    """The first ``ms`` of voiced audio of ``word``: a click of speech, shorter than a confirmation."""
+    samples = speech(word, 48000, 0.0, 0.0)
+    start = int(np.nonzero(np.abs(samples) > 0.01)[0][0])
+    return samples[start : start + ms * 48]
+
+
+async def test_barge_in_stops_audio_cancels_and_truncates(server: ServerProcess) -> None:
+    barge_ins = server.metric("duplex_barge_ins_total")
+    call = await open_call(server)
+    await call.mic.say(speech(QUESTION, 48000, 0.3, 0.0))
+    started = await call.wait_event("output_audio_buffer.started")
+    # Past the echo guard (1 s of agent speech), then talk over the agent.
+    await call.peer.wait_for(lambda: audible_seconds(call) >= 1.2)
+    call.mic.say(speech(INTERRUPTION, 48000, 0.0, 0.0))
+    done = await call.wait_event("response.done")
+    silenced_at = asyncio.get_running_loop().time()
+    assert done["response"]["id"] == started["response_id"]
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    truncated = await call.wait_event("conversation.item.truncated")
+    types = call.types()
+    second_start = [i for i, t in enumerate(types) if t == "input_audio_buffer.speech_started"][1]
+    assert second_start < types.index("output_audio_buffer.cleared") < types.index("response.done") \
+        < types.index("conversation.item.truncated")
+    item_id = done["response"]["output"][0]["id"]
+    assert truncated["item_id"] == item_id
+    # The user heard about 1.2 s before talking; the answer was ~2.9 s long.
+    assert 900 <= truncated["audio_end_ms"] <= 2600, truncated
+    # After the cancel, the agent is quiet while the user keeps talking.
+    now = asyncio.get_running_loop().time()
+    await call.peer.wait_for(lambda: any(t >= now + 1.0 for t, _, _ in call.peer.frames))
+    assert audible_seconds(call, since=now + 0.2) == 0.0
+    assert silenced_at > 0
+    # The interruption is the user's next turn, and it is answered normally.
+    second = await call.wait_event("response.done", count=2)
+    assert second["response"]["status"] == "completed"
+    assert server.metric("duplex_barge_ins_total") == barge_ins + 1
+    await hang_up(server, call)
+    await wait_stages_idle(server)
+
+
+async def test_false_interruption_resumes_the_answer(server: ServerProcess) -> None:
+    barge_ins = server.metric("duplex_barge_ins_total")
+    pauses = server.metric("duplex_barge_in_stop_seconds_count")
+    call = await open_call(server)
+    await call.mic.say(speech(QUESTION, 48000, 0.3, 0.0))
+    await call.wait_event("output_audio_buffer.started")
+    await call.peer.wait_for(lambda: audible_seconds(call) >= 1.2)
+    await call.mic.say(fragment("Hey", 100))
+    done = await call.wait_event("response.done")
+    assert done["response"]["status"] == "completed"
+    await call.wait_event("output_audio_buffer.stopped")
+    # The agent paused for the click, resumed, and the answer played to its end; no new turn.
+    assert server.metric("duplex_barge_in_stop_seconds_count") == pauses + 1
+    assert server.metric("duplex_barge_ins_total") == barge_ins
+    assert audible_seconds(call) >= 2.7
+    assert "conversation.item.truncated" not in call.types()
+    assert call.types().count("input_audio_buffer.speech_started") == 1
+    await hang_up(server, call)
+
+
+async def test_concurrent_calls_are_isolated(server: ServerProcess) -> None:
+    calls = await asyncio.gather(*(open_call(server) for _ in range(3)))
+    questions = [QUESTION, "What time is it?", "Tell me a short story about a cat."]
+    for call, question in zip(calls, questions):
+        call.mic.say(speech(question, 48000, 0.3, 0.0))
+    for call in calls:
+        await call.wait_event("output_audio_buffer.started")
+    # Interrupt only the first; the others finish their answers.
+    await calls[0].peer.wait_for(lambda: audible_seconds(calls[0]) >= 1.2)
+    calls[0].mic.say(speech(INTERRUPTION, 48000, 0.0, 0.0))
+    results = [await call.wait_event("response.done") for call in calls]
+    assert [r["response"]["status"] for r in results] == ["cancelled", "completed", "completed"]
+    ids = [{e.get("response", {}).get("id") for e in call.events()} - {None} for call in calls]
+    assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    for call in calls:
+        await hang_up(server, call)
+    await wait_stages_idle(server)
+
+
+async def test_vanished_client_leaves_nothing_alive(server: ServerProcess) -> None:
+    call = await open_call(server)
+    await call.mic.say(speech(QUESTION, 48000, 0.3, 0.0))
+    await call.wait_event("response.created")
+    # Gone without a word: no hang-up, no DTLS close, no more packets.
+    call.mic.stop()
+    for transceiver in call.peer.pc.getTransceivers():
+        await transceiver.sender.stop()
+    deadline = asyncio.get_running_loop().time() + TIMEOUT
+    while server.metric("duplex_sessions_active", {"transport": "webrtc"}) > 0:
+        assert asyncio.get_running_loop().time() < deadline, server.log()[-3000:]
+        await asyncio.sleep(0.25)  # the server notices by its inbound-media timeout (3 s here)
+    await wait_stages_idle(server)
+    assert "inbound media timeout" in server.log()
+    await call.peer.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "needle"),
+    [
+        ("v=0\r\nthis is not sdp", "application/sdp", 400, "audio"),
+        ("hello", "text/plain", 415, "content type"),
+        ("v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n"
+         "a=rtpmap:96 VP8/90000\r\n", "application/sdp", 400, "audio"),
+    ],
+)
+async def test_bad_offers_get_clear_errors(server: ServerProcess, body: str, content_type: str,
+                                           status: int, needle: str) -> None:
+    async with httpx.AsyncClient() as http:
+        response = await http.post(f"{server.url}/v1/realtime/calls", content=body,
+                                   headers={"Content-Type": content_type})
+        assert response.status_code == status
+        assert needle.lower() in response.json()["error"]["message"].lower()
+        assert (await http.get(f"{server.url}/healthz")).status_code == 200
+        missing = await http.post(f"{server.url}/v1/realtime/calls/rtc_nope/hangup")
+        assert missing.status_code == 404
+    assert server.metric("duplex_sessions_active", {"transport": "webrtc"}) == 0
