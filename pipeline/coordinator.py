@@ -96,6 +96,8 @@ class Coordinator:
         self._shm_by_stage: dict[str, int] = {}
         self._crashed: dict[str, str] = {}
         self._receiver: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = False
         self.shutdown_hook: Callable[[], Awaitable[None]] | None = None
         self.stage_pids: dict[str, int] = {}
         """Stage name -> OS pid of its process (process mode only)."""
@@ -123,8 +125,16 @@ class Coordinator:
         return self._all_ready.is_set() and self._broken is None
 
     async def close(self) -> None:
+        self._closed = True
+        if self._broken is None:
+            self._broken = PipelineError("pipeline", "the pipeline is closed")
+        # Nobody will acknowledge anything any more: end every stream and every abort wait now.
         for flight in self._flights.values():
-            flight.chunks.put_nowait(PipelineError("pipeline", "shutting down"))
+            if not flight.finished:
+                flight.finished = True
+                flight.chunks.put_nowait(PipelineError("pipeline", "shutting down"))
+        for pending in self._aborts.values():
+            pending.done.set()
         for stage in self._stages:
             self._endpoint.send(stage, Shutdown())
         if self.shutdown_hook is not None:
@@ -165,9 +175,13 @@ class Coordinator:
                     raise item
                 yield item
         finally:
-            if not flight.finished:
-                await asyncio.shield(self.abort(rid))
-            self._end(rid)
+            # The inner finally: a second cancellation while the abort is awaited must not leak
+            # the flight (it would count against max_in_flight forever).
+            try:
+                if not flight.finished:
+                    await asyncio.shield(self.abort(rid))
+            finally:
+                self._end(rid)
 
     async def abort(self, request_id: str) -> None:
         """Broadcast an abort for ``request_id`` and wait until every stage acknowledged it.
@@ -180,14 +194,9 @@ class Coordinator:
             flight.chunks.put_nowait(None)
         pending = self._aborts.get(request_id)
         if pending is None:
-            if request_id in self._ended and flight is None:
+            if (request_id in self._ended and flight is None) or self._closed:
                 return
-            pending = _Abort(set(self._stages) - self._dead_stages(), time.perf_counter())
-            self._aborts[request_id] = pending
-            for stage in pending.pending:
-                self._endpoint.send(stage, Abort(request_id))
-            if not pending.pending:
-                pending.done.set()
+            pending = self._broadcast_abort(request_id)
         try:
             await asyncio.wait_for(pending.done.wait(), self.config.abort_timeout_s)
         except TimeoutError:
@@ -199,6 +208,16 @@ class Coordinator:
             if self._aborts.get(request_id) is pending:
                 del self._aborts[request_id]
                 self._remember_ended(request_id)
+
+    def _broadcast_abort(self, request_id: str) -> _Abort:
+        """Send the abort to every live stage now; ``abort`` waits for the acks and cleans up."""
+        pending = _Abort(set(self._stages) - self._dead_stages(), time.perf_counter())
+        self._aborts[request_id] = pending
+        for stage in pending.pending:
+            self._endpoint.send(stage, Abort(request_id))
+        if not pending.pending:
+            pending.done.set()
+        return pending
 
     async def stage_stats(self, timeout: float = 5.0) -> dict[str, StageStats]:
         """A fresh StageStats from every live stage (asked now, answered after pending commands)."""
@@ -283,11 +302,19 @@ class Coordinator:
     def _on_failed(self, rid: str, source: str, error: str) -> None:
         flight = self._flights.get(rid)
         log.warning("request %s failed in stage %s: %s", rid, source, error)
+        if flight is None and rid in self._ended:
+            return  # already aborted everywhere
         if flight is not None and not flight.finished:
             flight.finished = True
             flight.chunks.put_nowait(PipelineError(source, error))
-        # The other stages may still hold the request: clear them like an abort.
-        asyncio.get_running_loop().create_task(self.abort(rid))
+        # The other stages may still hold the request (a fan-in buffer would wait forever): clear
+        # them like an abort. Broadcast now, not in the task: the stream may end first and its
+        # ended id would make a later abort() a no-op.
+        if rid not in self._aborts:
+            self._broadcast_abort(rid)
+        task = asyncio.get_running_loop().create_task(self.abort(rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _on_ack(self, rid: str, source: str) -> None:
         pending = self._aborts.get(rid)
