@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 import traceback
 from pathlib import Path
@@ -154,6 +155,12 @@ def serve_stage_group(config: PipelineConfig, group: str, directory: str, spec: 
 
     torch.set_num_threads(max(s.threads for s in stages))
     asyncio.run(_serve_group(config, stages, Path(directory), spec))
+    # Everything is released by now (endpoints closed, shared memory unlinked); the interpreter's
+    # own teardown of torch and ZMQ takes seconds and would only delay Coordinator.close.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 async def _serve_group(
