@@ -1,0 +1,164 @@
+"""One loading path for Qwen3-Omni: a hub id or a local directory, through ``from_pretrained``.
+
+``model_args`` (the preset's ``pipeline.model_args``) name the checkpoint and its dtype:
+
+- ``checkpoint``: a hub id (``Qwen/Qwen3-Omni-30B-A3B-Instruct``), a local directory, or ``tiny``
+  (the random-weight test checkpoint of ``tiny.py``, built into the cache on first use and then
+  read from its directory like any other).
+- ``dtype``: ``bfloat16`` / ``float16`` / ``float32`` (default ``bfloat16``).
+- ``seed``: the tiny checkpoint's seed (default 0).
+- ``attn_implementation``: optional, passed through (``sdpa`` by default).
+
+The device comes from each stage's config. Each stage loads only its own component from the
+composite checkpoint (``thinker.*``, ``thinker.audio_tower.*``, ``talker.*``, ``code2wav.*``) with a
+key mapping, so a talker process never holds the 30B thinker. Loaded components are cached per
+process (stages that share a process and a device share weights) for the life of the process.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers.conversion_mapping as conversion_mapping
+from transformers import (
+    AutoConfig,
+    AutoFeatureExtractor,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+    Qwen3OmniMoeCode2Wav,
+    Qwen3OmniMoeConfig,
+    Qwen3OmniMoeTalkerForConditionalGeneration,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+)
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
+
+from pipeline.models.qwen3_omni import tiny
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHECKPOINT = "Qwen/Qwen3-Omni-30B-A3B-Instruct"
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+# The checkpoint stores MoE experts one tensor per expert; transformers fuses them on load through
+# a conversion registered for the composite model's type. Loaded on its own, the talker has no
+# registered conversion (its config's model_type is empty), so register the same MoE conversion
+# for its class.
+conversion_mapping.register_checkpoint_conversion_mapping(
+    Qwen3OmniMoeTalkerForConditionalGeneration.__name__,
+    conversion_mapping.get_checkpoint_conversion_mapping("qwen2_moe"),
+    overwrite=True,
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the weights come from and in which dtype; hashable, so it keys the process cache."""
+
+    path: str
+    dtype: torch.dtype
+    attn_implementation: str = "sdpa"
+
+    @property
+    def is_tiny(self) -> bool:
+        return tiny.is_tiny_checkpoint(self.path)
+
+
+def resolve(model_args: Mapping[str, Any]) -> Source:
+    """The preset's model arguments as a Source (builds the tiny checkpoint on first use)."""
+    checkpoint = str(model_args.get("checkpoint", DEFAULT_CHECKPOINT))
+    dtype_name = str(model_args.get("dtype", "bfloat16"))
+    if dtype_name not in _DTYPES:
+        raise ValueError(f"model_args.dtype: {dtype_name!r} is not one of {sorted(_DTYPES)}")
+    if checkpoint == "tiny":
+        checkpoint = str(tiny.ensure_tiny_checkpoint(int(model_args.get("seed", 0))))
+    return Source(
+        path=checkpoint,
+        dtype=_DTYPES[dtype_name],
+        attn_implementation=str(model_args.get("attn_implementation", "sdpa")),
+    )
+
+
+def describe(source: Source) -> str:
+    """One line for the startup log that says plainly which weights serve."""
+    if source.is_tiny:
+        return f"tiny Qwen3-Omni with RANDOM weights (test checkpoint at {source.path})"
+    return f"Qwen3-Omni checkpoint {source.path} ({source.dtype})"
+
+
+@functools.cache
+def load_config(path: str) -> Qwen3OmniMoeConfig:
+    return AutoConfig.from_pretrained(path)
+
+
+@functools.cache
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.chat_template is None:
+        raise ValueError(f"{path}: the tokenizer has no chat template")
+    return tokenizer
+
+
+@functools.cache
+def load_feature_extractor(path: str) -> Any:
+    return AutoFeatureExtractor.from_pretrained(path)
+
+
+def _load(cls: type, source: Source, sub_config: Any, prefix: str, device: str) -> torch.nn.Module:
+    # With accelerate installed, weights load straight onto the device; without it (it is not a
+    # dependency), they load on the CPU and move.
+    placement = {"device_map": device} if importlib.util.find_spec("accelerate") else {}
+    model = cls.from_pretrained(
+        source.path,
+        config=sub_config,
+        key_mapping={f"^{prefix}": ""},
+        dtype=source.dtype,
+        attn_implementation=source.attn_implementation,
+        **placement,
+    )
+    return model.to(device).eval().requires_grad_(False)
+
+
+@functools.cache
+def load_thinker(source: Source, device: str) -> Qwen3OmniMoeThinkerForConditionalGeneration:
+    """The thinker's language model and head (its audio and vision towers are dropped)."""
+    config = load_config(source.path)
+    thinker = _load(
+        Qwen3OmniMoeThinkerForConditionalGeneration, source, config.thinker_config, r"thinker\.", device
+    )
+    # The audio encoder runs in its own stage and images/video are not served: free the towers.
+    thinker.model.audio_tower = None
+    thinker.model.visual = None
+    return thinker
+
+
+@functools.cache
+def load_audio_encoder(source: Source, device: str) -> Qwen3OmniMoeAudioEncoder:
+    config = load_config(source.path)
+    return _load(
+        Qwen3OmniMoeAudioEncoder,
+        source,
+        config.thinker_config.audio_config,
+        r"thinker\.audio_tower\.",
+        device,
+    )
+
+
+@functools.cache
+def load_talker(source: Source, device: str) -> Qwen3OmniMoeTalkerForConditionalGeneration:
+    config = load_config(source.path)
+    return _load(
+        Qwen3OmniMoeTalkerForConditionalGeneration, source, config.talker_config, r"talker\.", device
+    )
+
+
+@functools.cache
+def load_code2wav(source: Source, device: str) -> Qwen3OmniMoeCode2Wav:
+    config = load_config(source.path)
+    return _load(Qwen3OmniMoeCode2Wav, source, config.code2wav_config, r"code2wav\.", device)

@@ -1,0 +1,288 @@
+"""Talker stage: codec frames from the thinker's stream, exactly as the reference builds them.
+
+Fed by the thinker's chunks (see ``thinker.py``). Let X be the text the talker voices: the prompt
+rows after the ``<|im_start|>assistant\\n`` header, then the thinker's answer tokens.
+
+- Prefill (once X[0] exists): the user rows (``hidden_projection`` at audio rows,
+  ``text_projection`` elsewhere), then the assistant part: the 3 header rows, 4 x tts_pad, tts_bos
+  and X[0], added to the codec specials (nothink, think_bos, think_eos, speaker, pad, bos). It
+  yields codebook-0 of frame 0.
+- Decode step j: the code predictor completes frame j, which is emitted (``{"codes": [groups]}``,
+  one frame per chunk); the talker then consumes the frame's embedding sum plus the text slot j:
+  ``text_projection(X[j+1])``; tts_eos when X[j+1] is the thinker's last token (its EOS, or the
+  token it was capped on, which the reference never voices); tts_pad after that. Step j waits
+  (``runnable``) until slot j is known, so the talker never runs ahead of its text.
+- Codebook-0 decoding: repetition penalty over the codes generated so far, the top 1024 ids except
+  codec EOS suppressed, greedy or sampled per the stage options. It stops at codec EOS or at its
+  cap; a capped talker drops the frame whose code was drawn last, as the reference does, by never
+  drawing it. The cap (``output_cap``) is tied to the length of the text voiced.
+
+Per-request state (TalkerState in ``ARSlot.state``; KV in the runner's KVPool) lives from
+``new_state`` to ``release``. Requests that do not ask for audio hold nothing and end at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from pipeline.models import StageContext
+from pipeline.models.qwen3_omni import loading
+from pipeline.models.qwen3_omni.code_predictor import predict_frame
+from pipeline.models.qwen3_omni.kv_pool import KVPool
+from pipeline.models.qwen3_omni.sampling import Sampling, SamplingParams, pick_rows
+from pipeline.proto import StagePayload
+from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
+
+
+@dataclass
+class TalkerState:
+    speaker: int | None
+    sampling: Sampling
+    predictor_sampling: Sampling
+    prompt: dict[str, torch.Tensor] | None = None
+    texts: list[torch.Tensor] = field(default_factory=list)
+    answer_tokens: int = 0
+    total: int | None = None
+    """len(X) once the thinker's last token is known."""
+    tts: torch.Tensor | None = None
+    """Projected tts_bos, tts_eos, tts_pad [3, hidden], from the prefill on."""
+    codes0: list[int] = field(default_factory=list)
+    past_hidden: torch.Tensor | None = None
+    position: int = 0
+    frames: int = 0
+
+
+@dataclass(frozen=True)
+class TalkerOptions:
+    do_sample: bool = False
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    predictor_top_k: int = 50
+    predictor_top_p: float = 0.8
+    frames_per_token: int = 8
+    extra_frames: int = 50
+    voice: str = "ethan"
+
+
+class Talker:
+    """ARRunner for the ``talker`` stage."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        source = loading.resolve(ctx.model_args)
+        self.device = ctx.stage.device
+        self.model = loading.load_talker(source, self.device)
+        config = loading.load_config(source.path)
+        talker_cfg = config.talker_config
+        self.text_config = talker_cfg.text_config
+        self.opts = TalkerOptions(**ctx.stage.options)
+        self.voices: dict[str, int] = dict(talker_cfg.speaker_id or {})
+        self.eos = talker_cfg.codec_eos_token_id
+        vocab = self.text_config.vocab_size
+        self.suppress = tuple(i for i in range(vocab - 1024, vocab) if i != self.eos)
+        self.specials = [
+            talker_cfg.codec_nothink_id,
+            talker_cfg.codec_think_bos_id,
+            talker_cfg.codec_think_eos_id,
+            -1,  # the speaker, per request
+            talker_cfg.codec_pad_id,
+            talker_cfg.codec_bos_id,
+        ]
+        self.pool = KVPool()
+
+    # -- ARRunner ----------------------------------------------------------------------------
+
+    def new_state(self, payload: StagePayload) -> TalkerState:
+        params = payload.params
+        o = self.opts
+        speaker = None
+        if "audio" in (params.get("modalities") or ["text", "audio"]):
+            voice = str(params.get("voice") or o.voice).lower()
+            if voice not in self.voices:
+                raise RequestError(payload.request_id, f"unknown voice {voice!r} ({sorted(self.voices)})")
+            speaker = self.voices[voice]
+        seed = params.get("seed")
+        sampling = SamplingParams(
+            do_sample=o.do_sample, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
+            repetition_penalty=o.repetition_penalty, suppress=self.suppress, seed=seed,
+        )
+        predictor = SamplingParams(
+            do_sample=o.do_sample, top_k=o.predictor_top_k, top_p=o.predictor_top_p, seed=seed
+        )
+        return TalkerState(
+            speaker=speaker,
+            sampling=Sampling(sampling, self.device),
+            predictor_sampling=Sampling(predictor, self.device),
+        )
+
+    def feed(self, slot: ARSlot, payload: StagePayload) -> None:
+        st: TalkerState = slot.state
+        data = payload.data
+        if "user_embeds" in data:
+            st.prompt = {k: data[k] for k in ("user_embeds", "user_mm", "assistant_embeds", "tts_embeds")}
+            st.texts.extend(data["assistant_embeds"][3:])
+        st.texts.append(data["token_embed"])
+        st.answer_tokens += 1
+        if data.get("last"):
+            st.total = len(st.texts)
+
+    def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
+        st: TalkerState = slot.state
+        if st.total is None:
+            st.total = len(st.texts)
+
+    def runnable(self, slot: ARSlot) -> bool:
+        st: TalkerState = slot.state
+        if st.speaker is None or self._silent(st):
+            return True
+        if st.past_hidden is None:
+            return st.prompt is not None
+        return self._capped_next(slot) or self._text_known(st, st.frames)
+
+    def output_cap(self, slot: ARSlot) -> int | None:
+        st: TalkerState = slot.state
+        if st.total is None:
+            return None
+        return self.opts.frames_per_token * st.answer_tokens + self.opts.extra_frames
+
+    @torch.inference_mode()
+    def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
+        results: dict[str, ARStepResult] = {}
+        decoding = []
+        for slot in slots:
+            st: TalkerState = slot.state
+            if st.speaker is None or self._silent(st):
+                results[slot.request_id] = ARStepResult(None, finished=True)
+            elif st.past_hidden is None:
+                results[slot.request_id] = self._prefill(slot)
+            else:
+                decoding.append(slot)
+        if decoding:
+            results.update(self._decode(decoding))
+        return [results[s.request_id] for s in slots]
+
+    def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
+        return None
+
+    def release(self, slot: ARSlot) -> None:
+        self.pool.release(slot.request_id)
+        slot.state = None
+
+    # -- text slots ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _silent(st: TalkerState) -> bool:
+        """The thinker's only token was its last: nothing to voice (the reference cannot either)."""
+        return st.total is not None and st.total < 2
+
+    @staticmethod
+    def _text_known(st: TalkerState, j: int) -> bool:
+        return (st.total is not None and j + 1 >= st.total - 1) or j + 1 < len(st.texts)
+
+    def _text_slot(self, st: TalkerState, j: int) -> torch.Tensor:
+        """The text part of the talker's input at decode step j [hidden]."""
+        k = j + 1
+        if st.total is not None and k >= st.total - 1:
+            return st.tts[1] if k == st.total - 1 else st.tts[2]
+        return self._project(st.texts[k][None])[0]
+
+    def _project(self, embeds: torch.Tensor) -> torch.Tensor:
+        return self.model.text_projection(embeds.to(self.device, self.model.dtype))
+
+    def _cap(self, slot: ARSlot) -> int:
+        extra = self.output_cap(slot)
+        return slot.cap if extra is None else min(slot.cap, extra)
+
+    def _capped_next(self, slot: ARSlot) -> bool:
+        """The next frame is the last one the cap allows (so its successor is never drawn)."""
+        return slot.steps + 1 >= self._cap(slot)
+
+    # -- compute -----------------------------------------------------------------------------
+
+    def _prefill(self, slot: ARSlot) -> ARStepResult:
+        st: TalkerState = slot.state
+        prompt = st.prompt
+        user = prompt["user_embeds"].to(self.device, self.model.dtype)
+        mm = prompt["user_mm"].to(self.device)
+        user_part = user.new_empty(user.shape[0], self.text_config.hidden_size)
+        if mm.any():
+            user_part[mm] = self.model.hidden_projection(user[mm])
+        user_part[~mm] = self.model.text_projection(user[~mm])
+        st.tts = self._project(prompt["tts_embeds"])
+        tts_bos, tts_pad = st.tts[0], st.tts[2]
+        head = self._project(torch.cat([prompt["assistant_embeds"][:3], st.texts[0][None]]))
+        text_part = torch.cat([head[:3], tts_pad.expand(4, -1), tts_bos[None], head[3:4]])
+        specials = torch.tensor(
+            [st.speaker if s == -1 else s for s in self.specials], device=self.device
+        )
+        codec_part = torch.cat(
+            [text_part.new_zeros(3, text_part.shape[1]), self.model.get_input_embeddings()(specials)]
+        )
+        embeds = torch.cat([user_part, text_part + codec_part])[None]
+        length = embeds.shape[1]
+        cache = DynamicCache(config=self.text_config)
+        out = self.model.model(
+            inputs_embeds=embeds,
+            position_ids=torch.arange(length, device=self.device).view(1, 1, -1).expand(4, 1, -1),
+            attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
+            cache=cache,
+            use_cache=True,
+        )
+        st.prompt = None
+        self.pool.add(slot.request_id, cache)
+        st.position = length
+        return self._advance([slot], out.last_hidden_state)[slot.request_id]
+
+    def _decode(self, slots: list[ARSlot]) -> dict[str, ARStepResult]:
+        states: list[TalkerState] = [s.state for s in slots]
+        code0 = torch.tensor([st.codes0[-1] for st in states], device=self.device)
+        past = torch.cat([st.past_hidden for st in states])
+        codes, frame_embeds = predict_frame(
+            self.model, past, code0, [st.predictor_sampling for st in states]
+        )
+        results: dict[str, ARStepResult] = {}
+        going: dict[str, tuple[ARSlot, torch.Tensor]] = {}
+        for i, slot in enumerate(slots):
+            st = slot.state
+            data = {"codes": codes[i].cpu()}
+            if self._capped_next(slot):
+                results[slot.request_id] = ARStepResult(data, finished=True)
+                continue
+            results[slot.request_id] = ARStepResult(data)
+            going[slot.request_id] = (slot, frame_embeds[i] + self._text_slot(st, st.frames))
+            st.frames += 1
+        if going:
+            rows = self.pool.arrange(list(going))
+            ordered = [going[rid][0] for rid in rows]
+            positions = torch.tensor([s.state.position for s in ordered], device=self.device)
+            out = self.model.model(
+                inputs_embeds=torch.stack([going[rid][1] for rid in rows]),
+                position_ids=positions.view(1, -1, 1).expand(4, -1, 1),
+                attention_mask=self.pool.attention_mask(),
+                cache=self.pool.batch_cache(),
+                use_cache=True,
+            )
+            for slot in ordered:
+                slot.state.position += 1
+            ended = self._advance(ordered, out.last_hidden_state)
+            for rid, end in ended.items():
+                results[rid].finished = end.finished
+        return results
+
+    def _advance(self, slots: list[ARSlot], hidden: torch.Tensor) -> dict[str, ARStepResult]:
+        """Draw each row's next codebook-0 code from the talker's output ``hidden`` [rows, T, H]."""
+        logits = self.model.codec_head(hidden)[:, -1]
+        states: list[TalkerState] = [s.state for s in slots]
+        histories = [torch.tensor(st.codes0, dtype=torch.long, device=self.device) for st in states]
+        codes = pick_rows(logits, [st.sampling for st in states], histories)
+        out = {}
+        for slot, st, code, h in zip(slots, states, codes, hidden):
+            st.codes0.append(code)
+            st.past_hidden = h[None, -1:]
+            out[slot.request_id] = ARStepResult(None, finished=code == self.eos)
+        return out
