@@ -36,6 +36,7 @@ from pipeline.proto import (
     Failed,
     Ready,
     Shutdown,
+    StageCrashed,
     StageStats,
     StagePayload,
     StatsRequest,
@@ -148,8 +149,17 @@ class Stage:
             if set(entry.fan_in) != set(self.config.wait_for):
                 return
             parts, entry.fan_in = entry.fan_in, {}
-            payload = self._merge(parts) if self._merge else parts[self.config.wait_for[0]]
+            try:
+                payload = self._merge(parts) if self._merge else parts[self.config.wait_for[0]]
+            except Exception as err:  # noqa: BLE001 - a merge that fails fails its request only
+                log.warning("stage %s: request %s: merge failed: %s", self.name, rid, err)
+                self._fail(rid, describe_error(err))
+                return
         self._queue(rid, lambda: self._scheduler.add(payload))
+
+    def _fail(self, rid: str, error: str) -> None:
+        self._endpoint.send(COORDINATOR, Failed(rid, self.name, error))
+        self._forget(rid)
 
     def _forget(self, rid: str) -> None:
         self._active.pop(rid, None)
@@ -172,8 +182,7 @@ class Stage:
             if rid in self._gone or rid not in self._active:
                 continue
             if isinstance(result, RequestFailure):
-                self._endpoint.send(COORDINATOR, Failed(rid, self.name, result.error))
-                self._forget(rid)
+                self._fail(rid, result.error)
             else:
                 self._route(result)
         if token is not None:
@@ -182,6 +191,11 @@ class Stage:
     def _on_abort_done(self, rid: str, counts: tuple[int, int]) -> None:
         self._scheduler_live, self._scheduler_depth = counts
         self._endpoint.send(COORDINATOR, AbortAck(rid, self.name))
+
+    def _on_worker_died(self, error: str) -> None:
+        # Nothing would ever compute or acknowledge again here: a crash the coordinator reports
+        # (every request fails, new ones are refused) instead of requests that hang.
+        self._endpoint.send(COORDINATOR, StageCrashed(self.name, f"worker failed: {error}"))
 
     def _route(self, output: StageOutput) -> None:
         entry = self._active[output.request_id]
@@ -235,13 +249,24 @@ class Stage:
         return self._scheduler.live_requests(), self._scheduler.queue_depth()
 
     def _abort_in_worker(self, rid: str) -> None:
-        self._scheduler.abort(rid)
-        self._post(self._on_abort_done, rid, self._counts())
+        try:
+            self._scheduler.abort(rid)
+        finally:
+            # Schedulers drop a request's entry before releasing it, so even a release that raised
+            # left nothing to serve: acknowledge either way, or the abort would wait for nothing.
+            self._post(self._on_abort_done, rid, self._counts())
 
     def _post_counts(self, token: int) -> None:
         self._post(self._on_worker, [], self._counts(), None, token)
 
     def _work(self) -> None:
+        try:
+            self._serve_commands()
+        except Exception as err:  # noqa: BLE001 - a scheduler bug: reported, not a silent hang
+            log.exception("stage %s: worker failed", self.name)
+            self._post(self._on_worker_died, describe_error(err))
+
+    def _serve_commands(self) -> None:
         while True:
             commands = [self._commands.get()] if not self._scheduler.has_work() else []
             while True:
