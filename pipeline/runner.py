@@ -13,6 +13,7 @@ the coordinator, which fails what is in flight with a clear error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import multiprocessing
 import os
@@ -31,6 +32,7 @@ from pipeline.scheduling import build_scheduler
 from pipeline.stage import Stage
 from pipeline.transport.base import Endpoint
 from pipeline.transport.inproc import InprocHub
+from pipeline.transport.shm import remove_segments_of
 from pipeline.transport.zmq_ipc import ZmqEndpoint
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,12 @@ async def _start_inproc(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
     async def shutdown() -> None:
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), _JOIN_TIMEOUT_S)
 
+    def on_exit(task: asyncio.Task[None], stage: str) -> None:
+        # A stage task ends by itself only at Shutdown; one that raised is a dead stage, reported
+        # like a dead stage process so that its requests fail instead of hanging.
+        if not task.cancelled() and task.exception() is not None:
+            coordinator.on_stage_crashed(stage, f"stage task failed: {task.exception()!r}")
+
     coordinator.shutdown_hook = shutdown
     for stage in config.stages:
         endpoint = hub.endpoint(stage.name)
@@ -81,7 +89,9 @@ async def _start_inproc(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
         except Exception as err:
             await coordinator.close()
             raise PipelineError(stage.name, f"could not start: {err}") from err
-        tasks.append(asyncio.create_task(built.run(), name=f"stage-{stage.name}"))
+        task = asyncio.create_task(built.run(), name=f"stage-{stage.name}")
+        task.add_done_callback(functools.partial(on_exit, stage=stage.name))
+        tasks.append(task)
     return coordinator
 
 
@@ -125,6 +135,9 @@ def _start_processes(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
         for process in processes.values():
             loop.remove_reader(process.sentinel)
         await asyncio.gather(*(asyncio.to_thread(_stop, p) for p in processes.values()))
+        for process in processes.values():
+            if process.pid is not None:
+                remove_segments_of(process.pid)
         shutil.rmtree(directory, ignore_errors=True)
 
     coordinator.shutdown_hook = shutdown

@@ -132,6 +132,13 @@ def loads(data: bytes) -> tuple[Any, set[str]]:
     return unpickler.load(), unpickler.segments
 
 
+def remove_segments_of(pid: int) -> None:
+    """Unlink the segments a dead process left: one killed before its writer closed (segment names
+    carry the writer's pid; a process that closed its endpoints left none)."""
+    for path in SHM_DIR.glob(f"{SEGMENT_PREFIX}{pid}-*"):
+        path.unlink(missing_ok=True)
+
+
 def leftover_segments() -> list[Path]:
     """Segments of any duplex process still in /dev/shm (tests and shutdown checks)."""
     return sorted(SHM_DIR.glob(f"{SEGMENT_PREFIX}*"))
