@@ -70,6 +70,16 @@ class TalkerOptions:
     voice: str = "ethan"
 
 
+def step_cap(answer_tokens: int, opts: TalkerOptions) -> int:
+    """The talker's text-tied cap in steps for an answer of ``answer_tokens`` thinker tokens.
+
+    A step is the prefill (which draws frame 0's first code) or one frame, so a cap of n steps
+    allows n - 1 frames: the same count as ``generate``'s ``talker_max_new_tokens`` = n, which
+    draws n codes and drops the last frame.
+    """
+    return opts.frames_per_token * answer_tokens + opts.extra_frames + 1
+
+
 class Talker:
     """ARRunner for the ``talker`` stage."""
 
@@ -148,7 +158,7 @@ class Talker:
         st: TalkerState = slot.state
         if st.total is None:
             return None
-        return self.opts.frames_per_token * st.answer_tokens + self.opts.extra_frames
+        return step_cap(st.answer_tokens, self.opts)
 
     @torch.inference_mode()
     def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
