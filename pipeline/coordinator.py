@@ -155,7 +155,9 @@ class Coordinator:
         rid = request.request_id
         if self._broken is not None:
             raise self._broken
-        if rid in self._flights or rid in self._ended:
+        # An id whose abort is still being acknowledged counts as used: its Submit could reach a
+        # stage after the Abort, be dropped as late data, and the stream would wait forever.
+        if rid in self._flights or rid in self._ended or rid in self._aborts:
             raise ValueError(f"request id {rid!r} was already used")
         if len(self._flights) >= self.config.max_in_flight:
             raise PipelineOverloaded(
