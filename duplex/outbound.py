@@ -62,9 +62,15 @@ class OutboundAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, on_playout: Callable[[Playout], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_playout: Callable[[Playout], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock``: the pacing clock (tests drive the track on virtual time with their own)."""
         super().__init__()
         self._on_playout = on_playout
+        self._clock = clock
         self._queue: deque[tuple[str, np.ndarray]] = deque()  # (item_id, unsent samples)
         self._queued = 0  # samples in the queue
         self._sent: dict[str, int] = {}  # item_id -> samples handed to the encoder
@@ -127,7 +133,7 @@ class OutboundAudioTrack(MediaStreamTrack):
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
+        now = self._clock()
         if self._start is None or now - self._deadline() > MAX_LAG_SECONDS:
             if self._start is not None:
                 logger.warning("outbound audio %.0f ms behind schedule: restarting it",

@@ -30,6 +30,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -51,9 +52,14 @@ from duplex.settings import SessionDefaults
 from duplex.session_events import ClientEvents
 from duplex.vad import SAMPLE_RATE, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector
 from pipeline.coordinator import Coordinator, PipelineError, PipelineOverloaded
-from pipeline.proto import OmniRequest
+from pipeline.proto import OmniRequest, OutputChunk
 
 log = logging.getLogger(__name__)
+
+
+async def _no_chunks() -> AsyncIterator[OutputChunk]:
+    return
+    yield
 
 
 class SessionTransport(Protocol):
@@ -197,10 +203,11 @@ class Session:
         self._manual_samples += len(samples)
 
     def _echo_guard(self) -> float | None:
+        """The raised VAD threshold while the agent's audio is young (audio time, not wall time)."""
         resp = self._response
         if resp is None or resp.playout_started_at is None:
             return None
-        young = time.monotonic() - resp.playout_started_at < self.defaults.echo_guard_ms / 1000
+        young = self.audio.heard_ms(resp.item.id) < self.defaults.echo_guard_ms
         return self.defaults.echo_guard_threshold if young else None
 
     def _agent_active(self) -> bool:
@@ -342,7 +349,9 @@ class Session:
         status, error = "completed", None
         self._announce_response(resp, previous)
         try:
-            async for chunk in self.pipeline.stream(request):
+            # A response cancelled before its task ran never reaches the pipeline (its id is aborted).
+            chunks = self.pipeline.stream(request) if resp.cancel_reason is None else _no_chunks()
+            async for chunk in chunks:
                 if chunk.data.get("text"):
                     self._on_text(resp, chunk.data["text"])
                 audio = chunk.data.get("audio")
