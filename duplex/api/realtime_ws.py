@@ -1,0 +1,60 @@
+"""``GET /v1/realtime``: the OpenAI Realtime protocol over a WebSocket (CONTRACT.md).
+
+The handshake is always accepted (answering the ``realtime`` subprotocol when the client offered
+OpenAI's) so that a refusal can carry a close code the client sees, before any event:
+
+- a missing or wrong API key → close 1008;
+- the pipeline still loading, or the server at ``max_sessions`` → an ``error`` event, then close 1013
+  (try again later).
+
+Otherwise the connection becomes a WebSocketSession until the client leaves. The ``model`` query
+parameter (OpenAI's SDKs always send one) is accepted whatever it names and echoed as
+``session.model``; the preset decides which model answers. Messages larger than 16 MiB are refused
+by uvicorn itself (``ws_max_size`` in serve.py), which closes with 1009.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import APIRouter, WebSocket
+
+from duplex.api.auth import websocket_key_ok, websocket_subprotocol
+from duplex.realtime import error_event
+from duplex.registry import TooManySessions
+from duplex.state import AppState
+from duplex.websocket_session import WebSocketSession
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_TRY_AGAIN_LATER = 1013
+
+
+async def _refuse(websocket: WebSocket, message: str, code: str) -> None:
+    await websocket.send_text(json.dumps(error_event(message, code, kind="server_error")))
+    await websocket.close(CLOSE_TRY_AGAIN_LATER, message[:120])
+
+
+@router.websocket("/v1/realtime")
+async def realtime(websocket: WebSocket, model: str | None = None) -> None:
+    state: AppState = websocket.app.state.duplex
+    await websocket.accept(subprotocol=websocket_subprotocol(websocket))
+    if not websocket_key_ok(websocket, state.settings.api_key):
+        log.info("realtime websocket refused: missing or invalid API key")
+        await websocket.close(CLOSE_POLICY_VIOLATION, "missing or invalid API key")
+        return
+    pipeline = state.pipeline
+    if pipeline is None or not pipeline.ready:
+        await _refuse(websocket, "the model pipeline is not ready", "pipeline_unavailable")
+        return
+    connection = WebSocketSession(websocket, state.settings, pipeline, state.registry,
+                                  model or state.settings.preset)
+    try:
+        connection.admit()
+    except TooManySessions as err:
+        await _refuse(websocket, str(err), "too_many_sessions")
+        return
+    await connection.run()

@@ -1,0 +1,231 @@
+"""``GET /v1/realtime`` with the real ``openai`` SDK as the client, against a real server (toy
+preset, stage processes, real silero-vad, espeak-ng speech). Runs in the loopback-only namespace."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from contextlib import AsyncExitStack, suppress
+from pathlib import Path
+
+import numpy as np
+from websockets.exceptions import ConnectionClosed
+
+from duplex.audio import alaw_decode
+from tests.api.helpers import (
+    MAX_SESSIONS,
+    PCM_RATE,
+    SHORT_ANSWER,
+    RealtimeClient,
+    aborts,
+    answer_samples,
+    eventually,
+    metric,
+    pipeline_idle,
+    realtime,
+    rms,
+)
+from tests.e2e.test_webrtc_calls import assert_subsequence
+from tests.server import ServerProcess
+from tests.speech import speech, speech_wav
+
+QUESTION = "Hello there. Could you tell me what the weather will be like tomorrow?"
+FOLLOW_UP = "And what about the day after that?"
+INTERRUPTION = "Wait, stop, I have another question for you right now."
+MANUAL = {"type": "realtime", "max_output_tokens": SHORT_ANSWER,
+          "audio": {"input": {"turn_detection": None}}}
+
+
+def transcript_of(done: object) -> str:
+    return done.response.output[0].content[0].transcript  # type: ignore[attr-defined]
+
+
+async def manual_turn(rt: RealtimeClient, audio: np.ndarray, n: int) -> object:
+    """Append, commit and ask for the ``n``-th response of the connection; its response.done."""
+    await rt.append(audio)
+    await rt.connection.input_audio_buffer.commit()
+    await rt.wait("input_audio_buffer.committed", n)
+    await rt.connection.response.create()
+    return await rt.wait("response.done", n)
+
+
+def websocket_sessions(server: ServerProcess) -> float:
+    return metric(server, "duplex_sessions_active", {"transport": "websocket"})
+
+
+async def test_manual_turns_stream_audio_and_transcript(server: ServerProcess) -> None:
+    async with realtime(server, model="gpt-realtime-mini") as rt:
+        created = await rt.wait("session.created")
+        assert created.session.model == "gpt-realtime-mini"
+        await rt.connection.session.update(session=MANUAL)
+        updated = await rt.wait("session.updated")
+        assert updated.session.audio.input.turn_detection is None
+        assert updated.session.max_output_tokens == SHORT_ANSWER
+
+        first = await manual_turn(rt, speech(QUESTION, PCM_RATE), 1)
+        second = await manual_turn(rt, speech(FOLLOW_UP, PCM_RATE), 2)
+
+    for done in (first, second):
+        assert done.response.status == "completed"
+        rid = done.response.id
+        transcript = transcript_of(done)
+        deltas = [e.delta for e in rt.of("response.output_audio_transcript.delta") if e.response_id == rid]
+        assert transcript.split() and "".join(deltas) == transcript
+        assert len(transcript.split()) == SHORT_ANSWER
+        audio = rt.audio(rid)
+        assert len(audio) == answer_samples(transcript)
+        assert rms(audio) > 0.05
+    assert first.response.id != second.response.id
+    assert_subsequence(rt.types(), [
+        "session.created", "session.updated", "input_audio_buffer.committed", "conversation.item.added",
+        "response.created", "response.output_item.added", "response.content_part.added",
+        "response.output_audio_transcript.delta", "response.output_audio.delta",
+        "response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
+        "response.output_item.done", "response.done",
+        "input_audio_buffer.committed", "response.created", "response.done",
+    ])
+    # The second turn follows the first answer in the conversation.
+    committed = rt.of("input_audio_buffer.committed")[1]
+    assert committed.previous_item_id == first.response.output[0].id
+    await eventually(lambda: websocket_sessions(server) == 0, "the session's release")
+
+
+async def test_response_cancel_mid_response(server: ServerProcess) -> None:
+    aborted = aborts(server)
+    async with realtime(server) as rt:
+        await rt.wait("session.created")
+        await rt.connection.session.update(session={**MANUAL, "max_output_tokens": "inf"})
+        await rt.wait("session.updated")
+        await rt.connection.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "A long story."}]})
+        await rt.connection.response.create()
+        await rt.wait("response.output_audio.delta")
+        await rt.connection.response.cancel()
+        done = await rt.wait("response.done")
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "client_cancelled"
+        # Cut short: less audio than the words it had written would take, and none after the end.
+        assert 0 < len(rt.audio(done.response.id)) < answer_samples(transcript_of(done))
+        after = rt.types()[rt.types().index("response.done"):]
+        assert "response.output_audio.delta" not in after
+        # The session goes on: another response, capped, completes.
+        await rt.connection.response.create(response={"max_output_tokens": SHORT_ANSWER})
+        again = await rt.wait("response.done", 2)
+        assert again.response.status == "completed"
+    await eventually(lambda: aborts(server) == aborted + 1 and pipeline_idle(server), "the abort")
+
+
+async def test_server_vad_barge_in_cancels_and_truncates(server: ServerProcess) -> None:
+    aborted = aborts(server)
+    barge_ins = metric(server, "duplex_barge_ins_total")
+    async with realtime(server) as rt:
+        created = await rt.wait("session.created")
+        assert created.session.audio.input.turn_detection.type == "server_vad"
+        await rt.append(speech(QUESTION, PCM_RATE, 0.3, 1.0))
+        response_id = (await rt.wait("response.created")).response.id
+        # Past the echo guard (1 s of agent audio), then talk over the agent.
+        await rt.wait_for(lambda: len(rt.audio(response_id)) >= 1.2 * PCM_RATE)
+        await rt.append(speech(INTERRUPTION, PCM_RATE, 0.0, 1.0))
+        done = await rt.wait("response.done")
+        truncated = await rt.wait("conversation.item.truncated")
+        assert done.response.id == response_id
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "turn_detected"
+        types = rt.types()
+        second_start = [i for i, t in enumerate(types) if t == "input_audio_buffer.speech_started"][1]
+        assert second_start < types.index("response.done") < types.index("conversation.item.truncated")
+        assert truncated.item_id == done.response.output[0].id
+        sent_ms = len(rt.audio(response_id)) * 1000 // PCM_RATE
+        assert 1200 <= truncated.audio_end_ms <= sent_ms
+        # The interruption is the user's next turn; the client leaves while it is being answered.
+        await rt.wait("input_audio_buffer.committed", 2)
+        next_id = (await rt.wait("response.created", 2)).response.id
+        await rt.wait_for(lambda: len(rt.audio(next_id)))
+    assert metric(server, "duplex_barge_ins_total") == barge_ins + 1
+    await eventually(lambda: websocket_sessions(server) == 0 and aborts(server) == aborted + 2
+                     and pipeline_idle(server), "the cancel and the disconnect's abort")
+
+
+def g711(path: Path, kind: str) -> bytes:
+    """A WAV's samples as raw G.711 (``ul`` or ``al``), encoded by sox."""
+    return subprocess.run(["sox", str(path), "-t", kind, "-"], check=True, capture_output=True).stdout
+
+
+async def test_pcmu_in_pcma_out(server: ServerProcess) -> None:
+    wav = speech_wav(QUESTION, 8000, 0.5, 1.0)
+    source = speech(QUESTION, 8000, 0.5, 1.0)
+    onset_ms = int(np.nonzero(np.abs(source) > 0.02)[0][0]) * 1000 // 8000
+    ulaw = g711(wav, "ul")
+    async with realtime(server) as rt:
+        await rt.wait("session.created")
+        await rt.connection.session.update(session={"type": "realtime", "max_output_tokens": SHORT_ANSWER, "audio": {
+            "input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcma"}}}})
+        updated = await rt.wait("session.updated")
+        assert updated.session.audio.input.format.type == "audio/pcmu"
+        for start in range(0, len(ulaw), 800):  # 100 ms of 8 kHz μ-law
+            chunk = base64.b64encode(ulaw[start:start + 800]).decode()
+            await rt.connection.input_audio_buffer.append(audio=chunk)
+        started = await rt.wait("input_audio_buffer.speech_started")
+        done = await rt.wait("response.done")
+    # The server VAD heard the μ-law speech where it is.
+    assert abs(started.audio_start_ms - onset_ms) <= 100
+    assert done.response.status == "completed"
+    alaw = b"".join(base64.b64decode(e.delta) for e in rt.of("response.output_audio.delta"))
+    expected = answer_samples(transcript_of(done)) // 3  # 24 kHz → 8 kHz
+    assert expected - 64 <= len(alaw) <= expected  # the resampler holds back a few samples
+    assert rms(alaw_decode(alaw).astype(np.float32) / 32768) > 0.05
+
+
+async def test_bad_events_get_errors_and_the_session_goes_on(server: ServerProcess) -> None:
+    async with realtime(server) as rt:
+        await rt.wait("session.created")
+        await rt.connection.send_raw("this is not json")
+        await rt.connection.send_raw(json.dumps({"type": "no.such.event", "event_id": "evt_client_1"}))
+        await rt.connection.input_audio_buffer.append(audio="%%% not base64 %%%")
+        await rt.connection.session.update(session={"type": "realtime", "audio": {
+            "input": {"turn_detection": {"type": "semantic_vad"}}}})
+        await rt.connection.input_audio_buffer.commit()  # server_vad commits by itself
+        errors = [(await rt.wait("error", n)).error for n in range(1, 6)]
+        await rt.connection.session.update(session={"type": "realtime", "instructions": "Be brief."})
+        updated = await rt.wait("session.updated")
+    assert errors[0].code == "invalid_json"
+    assert errors[1].code == "unknown_event" and "no.such.event" in errors[1].message
+    assert errors[1].event_id == "evt_client_1"
+    assert errors[2].code == "invalid_audio"
+    assert "semantic_vad" in errors[3].message
+    assert errors[4].message
+    assert updated.session.instructions == "Be brief."
+    assert updated.session.audio.input.turn_detection.type == "server_vad"  # the bad update changed nothing
+
+
+async def test_oversized_message_closes_1009_and_others_go_on(server: ServerProcess) -> None:
+    async with realtime(server) as other, realtime(server) as big:
+        await other.wait("session.created")
+        await big.wait("session.created")
+        with suppress(ConnectionClosed):  # the close may come while the message is still going out
+            await big.connection.send_raw("x" * (17 * 1024 * 1024))
+        await big.wait_for(lambda: big.ended)
+        assert big.closed is not None and big.closed.rcvd is not None
+        assert big.closed.rcvd.code == 1009
+        await other.connection.session.update(session={"type": "realtime", "instructions": "Still here."})
+        assert (await other.wait("session.updated")).session.instructions == "Still here."
+    await eventually(lambda: websocket_sessions(server) == 0, "both sessions' release")
+
+
+async def test_session_limit_refuses_with_1013(server: ServerProcess) -> None:
+    async with AsyncExitStack() as stack:
+        admitted = [await stack.enter_async_context(realtime(server)) for _ in range(MAX_SESSIONS)]
+        for rt in admitted:
+            await rt.wait("session.created")
+        async with realtime(server) as refused:
+            error = await refused.wait("error")
+            await refused.wait_for(lambda: refused.ended)
+        assert error.error.code == "too_many_sessions"
+        assert refused.closed is not None and refused.closed.rcvd.code == 1013
+        assert refused.types() == ["error"]
+        await admitted[0].connection.session.update(session={"type": "realtime", "instructions": "Ok."})
+        await admitted[0].wait("session.updated")
+    await eventually(lambda: websocket_sessions(server) == 0, "the sessions' release")
+    async with realtime(server) as later:
+        await later.wait("session.created")
