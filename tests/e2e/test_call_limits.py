@@ -1,0 +1,76 @@
+"""Admission of WebRTC calls: ``--max-sessions`` refuses with 503 + Retry-After, a hang-up frees the
+slot, and the server's shutdown ends every call. The app runs in this process (httpx's ASGI
+transport) with the toy pipeline in-process; the client offers are real aiortc offers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from duplex.serve import create_app
+from duplex.settings import load_preset
+from duplex.state import AppState
+from duplex.webrtc import IcePolicy
+from pipeline.runner import start_pipeline
+from tests.duplex.peers import ClientPeer
+from tests.e2e.mic import ScriptedMic
+from tests.server import write_preset
+
+
+@pytest.fixture(scope="module")
+async def app_state(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[httpx.AsyncClient, AppState]]:
+    path = write_preset(tmp_path_factory.mktemp("limits") / "preset.yaml", max_sessions=1)
+    preset = load_preset(["--config", str(path)], environ={})
+    app = create_app(preset, IcePolicy(hosts=("127.0.0.1",)))
+    state: AppState = app.state.duplex
+    state.pipeline = await start_pipeline(preset.pipeline, mode="inproc")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duplex") as http:
+        yield http, state
+    await state.registry.close_all()
+    await state.pipeline.close()
+
+
+async def offer(http: httpx.AsyncClient) -> tuple[ClientPeer, httpx.Response]:
+    peer = ClientPeer(ScriptedMic())
+    response = await http.post("/v1/realtime/calls", content=await peer.offer(),
+                               headers={"Content-Type": "application/sdp"})
+    return peer, response
+
+
+async def test_max_sessions_refuses_then_frees_on_hangup(app_state: tuple[httpx.AsyncClient, AppState]) -> None:
+    http, state = app_state
+    first_peer, first = await offer(http)
+    assert first.status_code == 201
+    second_peer, second = await offer(http)
+    assert second.status_code == 503
+    assert second.headers["retry-after"].isdigit()
+    assert second.json()["error"]["code"] == "too_many_sessions"
+    assert len(state.registry) == 1
+    assert (await http.post(f"{first.headers['location']}/hangup")).status_code == 200
+    assert len(state.registry) == 0
+    third_peer, third = await offer(http)
+    assert third.status_code == 201
+    # Shutdown ends every call and frees every slot.
+    await state.registry.close_all()
+    assert len(state.registry) == 0
+    assert (await http.delete(third.headers["location"])).status_code == 404
+    for peer in (first_peer, second_peer, third_peer):
+        await peer.close()
+
+
+async def test_api_key_guards_calls_but_not_health(tmp_path: Path) -> None:
+    path = write_preset(tmp_path / "preset.yaml", api_key="sesame")
+    preset = load_preset(["--config", str(path)], environ={})
+    app = create_app(preset, IcePolicy(hosts=("127.0.0.1",)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duplex") as http:
+        refused = await http.post("/v1/realtime/calls", content="v=0", headers={"Content-Type": "application/sdp"})
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
+        wrong = await http.get("/metrics", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert (await http.get("/metrics", headers={"Authorization": "Bearer sesame"})).status_code == 200
+        assert (await http.get("/healthz")).status_code == 503  # open, and the pipeline is not loaded
+        assert (await http.get("/")).status_code == 200
