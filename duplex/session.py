@@ -29,8 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,58 +37,21 @@ import numpy as np
 from duplex import metrics
 from duplex.history import History, Item
 from duplex.playout import AgentAudio
-from duplex.realtime import (
-    RealtimeError,
-    SessionConfig,
-    assistant_item,
-    event,
-    new_id,
-    response_object,
-    session_object,
-)
-from duplex.realtime_audio import InboundDecoder, OutboundEncoder
+from duplex.realtime import RealtimeError, SessionConfig, event, new_id, session_object
+from duplex.realtime_audio import InboundDecoder
+from duplex.response import Response
 from duplex.settings import SessionDefaults
 from duplex.session_events import ClientEvents
 from duplex.vad import SAMPLE_RATE, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector
-from pipeline.coordinator import Coordinator, PipelineError, PipelineOverloaded
-from pipeline.proto import OmniRequest, OutputChunk
+from pipeline.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
-
-
-async def _no_chunks() -> AsyncIterator[OutputChunk]:
-    return
-    yield
 
 
 class SessionTransport(Protocol):
     kind: str  # metrics label: webrtc | websocket
 
     def send_event(self, event: dict[str, Any]) -> None: ...
-
-
-@dataclass
-class _Response:
-    """One response in flight; lives from response.create (or end of turn) to response.done."""
-
-    id: str
-    item: Item
-    request_id: str
-    speaks: bool
-    turn_end_at: float | None
-    task: asyncio.Task[None] | None = None
-    audio_samples: int = 0
-    audio_rate: int = 24000
-    first_audio_at: float | None = None
-    playout_started_at: float | None = None
-    cancel_reason: str | None = None
-    generation_done: bool = False
-    drained: asyncio.Event = field(default_factory=asyncio.Event)
-    encoder: OutboundEncoder | None = None
-
-    @property
-    def audio_ms(self) -> int:
-        return self.audio_samples * 1000 // self.audio_rate
 
 
 @dataclass
@@ -126,7 +88,7 @@ class Session:
         self._manual_buffer: list[np.ndarray] = []
         self._manual_samples = 0
         self._decoder = InboundDecoder(self.config.input_format)
-        self._response: _Response | None = None
+        self._response: Response | None = None
         self._interruption: _Interruption | None = None
         self._user_item_id: str | None = None
         self._closed = False
@@ -261,7 +223,7 @@ class Session:
         self.audio.resume()
         asyncio.get_running_loop().create_task(self._truncate_after_cancel(resp, pending.heard_ms))
 
-    async def _truncate_after_cancel(self, resp: _Response, heard_ms: int) -> None:
+    async def _truncate_after_cancel(self, resp: Response, heard_ms: int) -> None:
         await self.cancel_response("turn_detected")
         self.truncate(resp.item, heard_ms)
 
@@ -296,6 +258,9 @@ class Session:
         self._manual_samples = 0
         self._detector.discard_turn()
 
+    def announce_added(self, item: dict[str, Any], previous: str | None) -> None:
+        self._events.announce_added(item, previous)
+
     def commit_user_audio(self, item_id: str, audio: np.ndarray) -> None:
         previous = self.history.last_id
         self.history.add(Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE))
@@ -309,151 +274,26 @@ class Session:
         if self._response is not None:
             raise RealtimeError("a response is already in progress",
                                 code="conversation_already_has_active_response")
-        overrides = overrides or {}
-        modalities = overrides.get("output_modalities") or list(self.config.output_modalities)
-        resp = _Response(
-            id=new_id("resp"),
-            item=Item(new_id("item"), "assistant"),
-            request_id=new_id("req"),
-            speaks="audio" in modalities,
-            turn_end_at=turn_end_at,
-        )
-        if resp.speaks and not self.audio.paces_playout:
-            resp.encoder = OutboundEncoder(self.config.output_format, self.pipeline.output_sample_rate or 24000)
-        self._response = resp
-        params = {
-            "modalities": ["text", "audio"] if resp.speaks else ["text"],
-            "voice": self.config.voice,
-            "max_output_tokens": overrides.get("max_output_tokens", self.config.max_output_tokens),
-        }
-        instructions = overrides.get("instructions", self.config.instructions)
-        request = OmniRequest(resp.request_id, {"messages": self.history.messages(instructions)}, params)
-        previous = self.history.last_id
-        self.history.add(resp.item)  # now, so that turns committed meanwhile come after it
-        resp.task = asyncio.get_running_loop().create_task(self._run_response(resp, request, previous))
+        self._response = Response(self, overrides or {}, turn_end_at)
 
     async def cancel_response(self, reason: str) -> bool:
         """Cancel the response in flight (if any) and wait until its response.done went out."""
-        resp = self._response
-        if resp is None or resp.task is None:
+        if self._response is None:
             return False
-        if resp.cancel_reason is None:
-            resp.cancel_reason = reason
-            resp.drained.set()
-            await self.pipeline.abort(resp.request_id)
-        await asyncio.shield(resp.task)
+        await self._response.cancel(reason)
         return True
 
-    async def _run_response(self, resp: _Response, request: OmniRequest, previous: str | None) -> None:
-        self.log.info("response %s: request %s", resp.id, resp.request_id)
-        status, error = "completed", None
-        self._announce_response(resp, previous)
-        try:
-            # A response cancelled before its task ran never reaches the pipeline (its id is aborted).
-            chunks = self.pipeline.stream(request) if resp.cancel_reason is None else _no_chunks()
-            async for chunk in chunks:
-                if chunk.data.get("text"):
-                    self._on_text(resp, chunk.data["text"])
-                audio = chunk.data.get("audio")
-                if resp.speaks and audio is not None and len(audio):
-                    self._on_model_audio(resp, np.asarray(audio, dtype=np.float32), chunk.data["sample_rate"])
-            resp.generation_done = True
-            if resp.speaks and resp.audio_samples:
-                self.audio.end_item(resp.item.id)
-                if self.audio.paces_playout:
-                    await self._wait_played(resp)
-        except PipelineOverloaded as err:
-            status, error = "failed", {"type": "server_error", "code": "overloaded", "message": str(err)}
-        except PipelineError as err:
-            status, error = "failed", {"type": "server_error", "code": "pipeline_error", "message": str(err)}
-        if resp.cancel_reason is not None:
-            status = "cancelled"
-        if error is not None:
-            self.log.warning("response %s failed: %s", resp.id, error["message"])
-            self.send(event("error", error={**error, "param": None, "event_id": None}))
-        self._finish_response(resp, status, error)
-
-    def _announce_response(self, resp: _Response, previous: str | None) -> None:
-        self.send(event("response.created", response=response_object(resp.id, "in_progress", [])))
-        item = assistant_item(resp.item.id, resp.speaks, "", "in_progress")
-        self.send(event("response.output_item.added", response_id=resp.id, output_index=0, item=item))
-        self._events.announce_added(item, previous)
-        part = {"type": "output_audio", "transcript": ""} if resp.speaks else {"type": "output_text", "text": ""}
-        self.send(event("response.content_part.added", response_id=resp.id, item_id=resp.item.id,
-                        output_index=0, content_index=0, part=part))
-
-    def _on_text(self, resp: _Response, text: str) -> None:
-        resp.item.deltas.append((text, resp.audio_ms))
-        kind = "response.output_audio_transcript.delta" if resp.speaks else "response.output_text.delta"
-        self.send(event(kind, response_id=resp.id, item_id=resp.item.id, output_index=0,
-                        content_index=0, delta=text))
-
-    def _on_model_audio(self, resp: _Response, audio: np.ndarray, rate: int) -> None:
-        if resp.cancel_reason is not None:
-            return
-        now = time.monotonic()
-        if resp.first_audio_at is None:
-            resp.first_audio_at = now
-            self.state = "speaking"
-            if not self.audio.paces_playout:
-                self._playout_started(resp, now)
-        resp.audio_rate = rate
-        resp.audio_samples += len(audio)
-        self.audio.play(resp.item.id, audio, rate)
-        if resp.encoder is not None:
-            delta, _ = resp.encoder.encode(audio)
-            self.send(event("response.output_audio.delta", response_id=resp.id, item_id=resp.item.id,
-                            output_index=0, content_index=0, delta=delta))
-
-    def _playout_started(self, resp: _Response, now: float) -> None:
-        resp.playout_started_at = now
-        if resp.turn_end_at is not None:
-            metrics.VOICE_TO_VOICE_SECONDS.observe(now - resp.turn_end_at)
-            metrics.TURNS_TOTAL.inc()
+    def response_finished(self, resp: Response) -> None:
+        """Called by the response once its response.done went out."""
+        if self._response is resp:
+            self._response = None
+        if self.state in ("thinking", "speaking"):
+            self.state = "listening"
 
     def on_playout(self, kind: str, item_id: str) -> None:
         """The paced track started an item's audio, or its queue ran dry."""
-        resp = self._response
-        if resp is None or resp.item.id != item_id:
-            return
-        if kind == "started" and resp.playout_started_at is None:
-            self._playout_started(resp, time.monotonic())
-            self.send(event("output_audio_buffer.started", response_id=resp.id))
-        elif kind == "drained":
-            resp.drained.set()
-
-    async def _wait_played(self, resp: _Response) -> None:
-        while resp.cancel_reason is None and self.audio.queued_seconds() > 0:
-            resp.drained.clear()
-            await resp.drained.wait()
-
-    def _finish_response(self, resp: _Response, status: str, error: dict[str, Any] | None) -> None:
-        text = resp.item.transcript
-        item = assistant_item(resp.item.id, resp.speaks, text, "completed" if status == "completed" else "incomplete")
-        if resp.speaks:
-            if resp.encoder is not None:
-                self.send(event("response.output_audio.done", response_id=resp.id, item_id=resp.item.id,
-                                output_index=0, content_index=0))
-            self.send(event("response.output_audio_transcript.done", response_id=resp.id,
-                            item_id=resp.item.id, output_index=0, content_index=0, transcript=text))
-            part = {"type": "output_audio", "transcript": text}
-        else:
-            self.send(event("response.output_text.done", response_id=resp.id, item_id=resp.item.id,
-                            output_index=0, content_index=0, text=text))
-            part = {"type": "output_text", "text": text}
-        self.send(event("response.content_part.done", response_id=resp.id, item_id=resp.item.id,
-                        output_index=0, content_index=0, part=part))
-        self.send(event("response.output_item.done", response_id=resp.id, output_index=0, item=item))
-        self.send(event("conversation.item.done", item=item))
-        self.send(event("response.done", response=response_object(
-            resp.id, status, [item], reason=resp.cancel_reason, error=error)))
-        if status == "completed" and resp.audio_samples and self.audio.paces_playout:
-            self.send(event("output_audio_buffer.stopped", response_id=resp.id))
-        self.audio.release(resp.item.id)
-        self._response = None
-        if self.state in ("thinking", "speaking"):
-            self.state = "listening"
-        self.log.info("response %s %s (%d ms of audio)", resp.id, status, resp.audio_ms)
+        if self._response is not None:
+            self._response.on_playout(kind, item_id)
 
     # --- client events --------------------------------------------------------------------
 
