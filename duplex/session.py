@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,6 +47,8 @@ from duplex.vad import SAMPLE_RATE, SpeechStarted, SpeechStopped, TurnDetection,
 from pipeline.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
+
+ARRIVALS_KEPT = 256  # ~5 s of 20 ms chunks: more than the VAD ever lags behind
 
 
 class SessionTransport(Protocol):
@@ -93,6 +96,9 @@ class Session:
         self._user_item_id: str | None = None
         self._closed = False
         self._events = ClientEvents(self)
+        # When each recent chunk of inbound audio arrived: (its end, in samples; monotonic time).
+        self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)
+        self._received = 0
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -139,6 +145,8 @@ class Session:
         if self._closed:
             return
         received_at = time.monotonic() if received_at is None else received_at
+        self._received += len(samples)
+        self._arrivals.append((self._received, received_at))
         if self.config.turn_detection is None:
             self._append_manual(samples)
             return
@@ -181,10 +189,15 @@ class Session:
             assert self._response is not None
             self.audio.pause()
             self._interruption = _Interruption(onset.start_ms, self.audio.heard_ms(self._response.item.id))
-            metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - received_at)
+            # From the arrival of the audio that holds the onset, so the VAD's own delay counts.
+            metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - self._arrival(onset.start_ms, received_at))
             self.log.info("possible interruption at %d ms: agent audio paused", onset.start_ms)
             return
         self._speech_started(onset.start_ms)
+
+    def _arrival(self, position_ms: int, fallback: float) -> float:
+        sample = position_ms * SAMPLE_RATE // 1000
+        return next((at for end, at in self._arrivals if end > sample), fallback)
 
     def _speech_started(self, onset_ms: int) -> None:
         self._user_item_id = new_id("item")
