@@ -6,6 +6,6 @@ from fastapi import APIRouter
 
 
 def routers() -> list[APIRouter]:
-    from duplex.api import health, realtime_calls, realtime_ws
+    from duplex.api import chat_completions, health, realtime_calls, realtime_ws
 
-    return [health.router, realtime_calls.router, realtime_ws.router]
+    return [health.router, realtime_calls.router, realtime_ws.router, chat_completions.router]

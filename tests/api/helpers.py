@@ -1,7 +1,7 @@
 """What the tests of the OpenAI-compatible APIs share: the preset, metrics, audio, a realtime client.
 
-The server (conftest.py) runs the toy model with long answers (40 words, the talker at 20 ms a frame:
-about 2.4 s to generate 9.6 s of audio) so that a response is still running when a test cancels or
+The server (conftest.py) runs the toy model with long answers (60 words, the talker at 25 ms a frame:
+about 4.5 s to generate 14.4 s of audio) so that a response is still running when a test cancels or
 interrupts it; tests that want a whole answer quickly cap it with ``max_output_tokens`` /
 ``max_completion_tokens``.
 """
@@ -44,12 +44,15 @@ def _stage(pipeline: dict[str, Any], name: str) -> dict[str, Any]:
     return next(s for s in pipeline["stages"] if s["name"] == name)
 
 
-PIPELINE = toy_pipeline(thinker={"options": {"answer_tokens": 40}},
-                        talker={"options": {"step_delay_s": 0.02}})
+PIPELINE = toy_pipeline(thinker={"options": {"answer_tokens": 60}},
+                        talker={"options": {"step_delay_s": 0.025}})
 ANSWER_WORDS = _stage(PIPELINE, "thinker")["options"]["answer_tokens"]
 FRAMES_PER_WORD = _stage(PIPELINE, "talker")["options"]["frames_per_token"]
 FRAME_SAMPLES = 1920  # the toy vocoder's 80 ms frame at 24 kHz
 STAGES = [s["name"] for s in PIPELINE["stages"]]
+
+
+FULL_ANSWER_SAMPLES = ANSWER_WORDS * FRAMES_PER_WORD * FRAME_SAMPLES
 
 
 def answer_samples(transcript: str) -> int:

@@ -1,0 +1,179 @@
+"""A chat completions request body, validated, and turned into the model's input messages.
+
+What is taken (CONTRACT.md, as OpenAI does it): ``messages`` with string content or ``text`` and
+``input_audio`` parts (WAV or MP3 at any rate and channel count, decoded with PyAV and resampled
+to the model's 16 kHz mono), ``modalities``, ``audio: {voice, format}``, ``stream``,
+``stream_options.include_usage``, ``max_completion_tokens`` / ``max_tokens``. Sampling options
+(``temperature``, ...) are accepted and ignored: the preset decides them. Everything here is pure and
+per request; nothing outlives the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from typing import Annotated, Any, Literal
+
+import av
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from duplex.api.errors import APIError
+from duplex.audio import Resampler
+
+MODEL_RATE = 16000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class InputAudio(_Strict):
+    data: str
+    format: Literal["wav", "mp3"]
+
+
+class AudioPart(_Strict):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class AudioRef(BaseModel):
+    id: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # name, refusal, ... carry nothing for the model
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[Annotated[TextPart | AudioPart, Field(discriminator="type")]] | None = None
+    audio: AudioRef | None = None
+
+
+class AudioOutput(_Strict):
+    voice: str
+    format: Literal["wav", "pcm16"]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"], min_length=1)
+    audio: AudioOutput | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1, le=1)
+
+    @property
+    def speaks(self) -> bool:
+        return "audio" in self.modalities
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+def _bad(message: str, param: str | None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, code, param=param)
+
+
+def parse_request(body: Any, voices: list[str]) -> ChatRequest:
+    """The validated request; raises APIError 400 naming the offending parameter."""
+    try:
+        request = ChatRequest.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise _bad(f"{param}: {first['msg']}" if param else first["msg"], param) from None
+    if request.speaks:
+        if request.audio is None:
+            raise _bad("'audio' (voice and format) is required when modalities include 'audio'", "audio",
+                       "missing_required_parameter")
+        if request.audio.voice not in voices:
+            raise _bad(f"unknown voice {request.audio.voice!r} (voices: {voices})", "audio.voice")
+        if request.stream and request.audio.format != "pcm16":
+            raise _bad("streamed audio must use format 'pcm16'", "audio.format")
+    return request
+
+
+def _decode_audio(part: InputAudio, param: str, max_seconds: float) -> np.ndarray:
+    """An ``input_audio`` part as float32 mono at 16 kHz."""
+    try:
+        data = base64.b64decode(part.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise _bad("input_audio.data is not valid base64", param + ".data") from None
+    mono: list[np.ndarray] = []
+    rate = 0
+    try:
+        with av.open(io.BytesIO(data), format=part.format) as container:
+            # Planar float at the file's own rate and layout; channels are averaged below at unity
+            # gain (libswresample's own downmix is -3 dB, see duplex.audio).
+            planar = av.AudioResampler(format="fltp")
+            for frame in container.decode(audio=0):
+                rate = frame.sample_rate
+                mono.extend(f.to_ndarray().mean(axis=0) for f in planar.resample(frame))
+                if sum(map(len, mono)) > max_seconds * rate:
+                    raise _bad(f"input audio longer than {max_seconds:.0f} s", param + ".data")
+            mono.extend(f.to_ndarray().mean(axis=0) for f in planar.resample(None))
+    except av.error.FFmpegError as err:
+        raise _bad(f"input_audio.data is not decodable {part.format}: {err}", param + ".data") from None
+    if not mono or rate <= 0:
+        raise _bad("input_audio.data holds no audio", param + ".data")
+    resampler = Resampler(rate, MODEL_RATE)
+    samples = np.concatenate([resampler.push(np.concatenate(mono).astype(np.float32)), resampler.flush()])
+    return samples.astype(np.float32)
+
+
+def model_messages(request: ChatRequest, max_audio_s: float) -> list[dict[str, Any]]:
+    """``OmniRequest.inputs["messages"]``; CPU-bound (audio decoding): run it off the event loop."""
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(request.messages):
+        texts: list[str] = []
+        audio: list[np.ndarray] = []
+        parts = [TextPart(type="text", text=message.content)] if isinstance(message.content, str) \
+            else message.content or []
+        for j, part in enumerate(parts):
+            if isinstance(part, TextPart):
+                texts.append(part.text)
+            elif message.role != "user":
+                raise _bad(f"input_audio is only allowed in user messages, not {message.role}",
+                           f"messages.{i}.content.{j}")
+            else:
+                audio.append(_decode_audio(part.input_audio, f"messages.{i}.content.{j}.input_audio",
+                                           max_audio_s))
+        if message.audio is not None and not texts:
+            # The server keeps no audio it sent: a reference cannot be resolved, its text can.
+            raise _bad("assistant audio references are not kept by this server; send the transcript "
+                       "as the message's content", f"messages.{i}.audio")
+        text = "".join(texts) or None
+        if text is None and not audio:
+            continue
+        out.append({
+            "role": "system" if message.role == "developer" else message.role,
+            "text": text,
+            "audio": np.concatenate(audio) if audio else None,
+            "sample_rate": MODEL_RATE if audio else None,
+        })
+    if sum(len(m["audio"]) for m in out if m["audio"] is not None) > max_audio_s * MODEL_RATE:
+        raise _bad(f"input audio longer than {max_audio_s:.0f} s in all", "messages")
+    if not out:
+        raise _bad("no message carries text or audio", "messages")
+    return out
