@@ -106,7 +106,7 @@ class WebSocketSession:
         while True:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
-                return f"client closed with {message.get('code')}"
+                return f"closed with {message.get('code')}"
             event = self._parse(message)
             if event is None:
                 continue
