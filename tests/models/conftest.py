@@ -6,9 +6,11 @@ loads it through the same ``from_pretrained`` path as the real model.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
@@ -31,6 +33,16 @@ def tiny_config(**stage_options: dict) -> PipelineConfig:
         for s in data["stages"]
     ]
     return parse_pipeline_config({**data, "stages": stages})
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """In-process pipelines step several stages from their own threads: one intra-op thread each
+    keeps them from oversubscribing a 2-core machine (stage processes set their own counts)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

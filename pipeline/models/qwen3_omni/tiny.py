@@ -36,10 +36,13 @@ from transformers import (
     Qwen3OmniMoeForConditionalGeneration,
     WhisperFeatureExtractor,
 )
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeTalkerTextSparseMoeBlock,
+)
 
 logger = logging.getLogger(__name__)
 
-BUILD_VERSION = 1
+BUILD_VERSION = 3
 """Bump when the builder changes what it writes (the cache key includes it)."""
 
 TARGET_RMS = 0.2
@@ -273,6 +276,22 @@ def build_feature_extractor() -> WhisperFeatureExtractor:
     )
 
 
+def init_talker_moe(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+    """Initialise the talker's MoE router and experts, which transformers leaves untouched.
+
+    ``_init_weights`` covers the thinker's MoE blocks but not the talker's: its experts stay
+    ``torch.empty`` (whatever memory held: not reproducible, possibly NaN) and its router zeros
+    (every token routed alike). A checkpoint loaded from disk overwrites both; a model built from
+    a config must set them, with the same normal(0, initializer_range) as the thinker's.
+    """
+    std = model.config.talker_config.initializer_range
+    with torch.no_grad():
+        for module in model.talker.modules():
+            if isinstance(module, Qwen3OmniMoeTalkerTextSparseMoeBlock):
+                for param in (module.experts.gate_up_proj, module.experts.down_proj, module.gate.weight):
+                    param.normal_(mean=0.0, std=std)
+
+
 def _scale_code2wav(model: Qwen3OmniMoeForConditionalGeneration, seed: int) -> float:
     """Scale code2wav's last convolution so random codes decode at TARGET_RMS; returns the gain.
 
@@ -286,7 +305,9 @@ def _scale_code2wav(model: Qwen3OmniMoeForConditionalGeneration, seed: int) -> f
     last = code2wav.decoder[-1].conv
     with torch.no_grad():
         rms = code2wav(codes).float().pow(2).mean().sqrt().item()
-        gain = TARGET_RMS / max(rms, 1e-12)
+        # Rounded, so that the thread count (which changes float sums in the last bits) cannot
+        # change the checkpoint built from a seed.
+        gain = float(f"{TARGET_RMS / max(rms, 1e-12):.3g}")
         last.weight.mul_(gain)
         if last.bias is not None:
             last.bias.mul_(gain)
@@ -307,6 +328,7 @@ def build(out_dir: Path, seed: int) -> None:
     torch.manual_seed(seed)
     config = Qwen3OmniMoeConfig(**tiny_config_dict())
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    init_talker_moe(model)
     gain = _scale_code2wav(model, seed)
     model.save_pretrained(out_dir)
     build_tokenizer().save_pretrained(out_dir)
