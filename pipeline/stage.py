@@ -6,7 +6,9 @@ Two threads of control, each owning its own state:
   params and stream sequence numbers of each request in this stage) and ``_gone`` (requests that
   were aborted, failed or finished here, whose late data is dropped and never recreates state);
 - one worker thread owns the scheduler: it applies the commands the loop queues, in order, and
-  steps the scheduler while it has work. Compute never runs on the event loop.
+  steps the scheduler while it has work. Compute never runs on the event loop. It keeps its own
+  ``_ended`` (requests the scheduler finished or failed): commands the loop queued for them before
+  it learned of the end are skipped, so they cannot recreate state that nothing would release.
 
 An abort is applied on the loop at once (the request is marked gone, its fan-in buffer freed) and
 then in the worker, between two steps; the AbortAck leaves only after the scheduler released its
@@ -68,6 +70,22 @@ class _Command:
     run: Callable[[], None]
 
 
+class _Tombstones:
+    """The most recent ``GONE_MEMORY`` ended request ids (owned by one thread)."""
+
+    def __init__(self) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._ids
+
+    def add(self, rid: str) -> None:
+        self._ids[rid] = None
+        self._ids.move_to_end(rid)
+        while len(self._ids) > GONE_MEMORY:
+            self._ids.popitem(last=False)
+
+
 class Stage:
     def __init__(
         self,
@@ -82,7 +100,8 @@ class Stage:
         self._endpoint = endpoint
         self._merge = merge
         self._active: dict[str, _Request] = {}
-        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._gone = _Tombstones()
+        self._ended = _Tombstones()
         self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduler_live = 0
@@ -163,10 +182,7 @@ class Stage:
 
     def _forget(self, rid: str) -> None:
         self._active.pop(rid, None)
-        self._gone[rid] = None
-        self._gone.move_to_end(rid)
-        while len(self._gone) > GONE_MEMORY:
-            self._gone.popitem(last=False)
+        self._gone.add(rid)
 
     def _queue(self, rid: str | None, run: Callable[[], None]) -> None:
         self._commands.put(_Command(rid, run))
@@ -278,6 +294,8 @@ class Stage:
             for command in commands:
                 if command is None:
                     return
+                if command.request_id in self._ended:
+                    continue  # queued before the loop learned that the scheduler ended it
                 try:
                     command.run()
                 except Exception as err:  # noqa: BLE001 - a bad input fails its request only
@@ -286,6 +304,7 @@ class Stage:
                         continue
                     log.warning("stage %s: request %s failed: %s", self.name, command.request_id, err)
                     self._scheduler.abort(command.request_id)
+                    self._ended.add(command.request_id)
                     failures.append(RequestFailure(command.request_id, describe_error(err)))
             if failures:
                 self._post(self._on_worker, failures, self._counts(), None, None)
@@ -293,4 +312,7 @@ class Stage:
                 started = time.perf_counter()
                 results = self._scheduler.step()
                 elapsed = time.perf_counter() - started
+                for result in results:
+                    if isinstance(result, RequestFailure) or result.final:
+                        self._ended.add(result.request_id)
                 self._post(self._on_worker, results, self._counts(), elapsed, None)

@@ -12,8 +12,9 @@ import asyncio
 import itertools
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from pipeline.proto import (
     Submit,
 )
 from pipeline.scheduling import build_scheduler
-from pipeline.scheduling.base import Scheduler, StepResult
+from pipeline.scheduling.base import ARSlot, ARStepResult, Scheduler, StepResult
 from pipeline.stage import Stage
 from pipeline.transport.base import Endpoint
 from pipeline.transport.inproc import InprocHub
@@ -80,6 +81,16 @@ class Harness:
                 if isinstance(message, StageStats) and message.token is None:
                     continue
                 if isinstance(message, kind) and request_id in (None, _request_id(message)):
+                    return message
+
+    async def reported(self, condition: Callable[[StageStats], bool]) -> StageStats:
+        """The first periodic stats report (sent by the stage's loop on its own) that satisfies
+        ``condition``: it reflects the loop's queue even while the worker is busy."""
+        async with asyncio.timeout(10):
+            while True:
+                message = await self.inbox[COORDINATOR].get()
+                self.taken[COORDINATOR].append(message)
+                if isinstance(message, StageStats) and message.token is None and condition(message):
                     return message
 
     async def stats(self) -> StageStats:
@@ -179,6 +190,70 @@ async def test_late_data_after_an_abort_is_freed_and_never_recreates_state(
         assert len(h.received("code2wav", "req-a")) <= per_token  # only frames of token 5
         assert h.received("code2wav", "req-b") == []
         assert (await h.stats()).live_requests == 0
+    finally:
+        await h.close()
+
+
+class _GatedPromptedRunner:
+    """An ARRunner that, like Qwen3-Omni's talker, can only run once the prompt (carried by a
+    request's first chunk) arrived, and whose steps each wait for the test to open a gate."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Semaphore(0)
+        self.stepping = threading.Event()
+        self.states_created = 0
+
+    def new_state(self, payload: StagePayload) -> dict[str, Any]:
+        self.states_created += 1
+        return {"prompt": None, "pending": 0}
+
+    def feed(self, slot: ARSlot, payload: StagePayload) -> None:
+        slot.state["prompt"] = payload.data.get("prompt", slot.state["prompt"])
+        slot.state["pending"] += 1
+
+    def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
+        """Nothing to do: the test's streams end by the output cap."""
+
+    def runnable(self, slot: ARSlot) -> bool:
+        return slot.state["prompt"] is not None and slot.state["pending"] > 0
+
+    def output_cap(self, slot: ARSlot) -> int | None:
+        return None
+
+    def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
+        self.stepping.set()
+        assert self.gate.acquire(timeout=10), "the test never opened the gate"
+        for slot in slots:
+            slot.state["pending"] -= 1
+        return [ARStepResult({"step": slot.steps}) for slot in slots]
+
+    def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
+        return None
+
+    def release(self, slot: ARSlot) -> None:
+        slot.state = None
+
+
+async def test_input_queued_before_a_request_ended_does_not_recreate_its_state(
+    directory: Path,
+) -> None:
+    """The talker reaches its output cap while more of the thinker's stream is already queued for
+    it: that input must be dropped, not start a new request state that nothing would ever end."""
+    config = TALKER.model_copy(update={"max_new_tokens": 1})
+    runner = _GatedPromptedRunner()
+    h = await start("inproc", directory, config, build_scheduler(config, runner))
+    try:
+        h.send("thinker", StreamChunk(StagePayload("req-a", {"prompt": "hi"}), "thinker", 0))
+        assert await asyncio.to_thread(runner.stepping.wait, 10)  # first step, gate closed
+        h.send("thinker", StreamChunk(StagePayload("req-a", {}), "thinker", 1))
+        h.send("thinker", StreamChunk(StagePayload("req-a", {}), "thinker", 2))
+        await h.reported(lambda stats: stats.queue_depth >= 2)  # both queued behind the step
+        runner.gate.release(10)
+        done = await h.expect("code2wav", StreamDone, "req-a")  # capped after one step
+        assert done.payload.data == {}
+        stats = await h.stats()
+        assert (stats.live_requests, stats.queue_depth) == (0, 0)
+        assert runner.states_created == 1
     finally:
         await h.close()
 
