@@ -195,7 +195,12 @@ class ToyVocoder:
 
 
 class ToyRelay:
-    """Passes data through (trivial compute), for chains that measure the framework's own cost."""
+    """Passes data through (trivial compute), for chains that measure the framework's own cost.
+
+    Each relay stamps ``via_<stage>`` with the ``time.perf_counter()`` at which it ran: Linux's
+    monotonic clock is shared by every process of the machine, so stamps from stage processes
+    compare, and their differences are the hops between stages.
+    """
 
     def __init__(self, ctx: StageContext) -> None:
         self._stage = ctx.stage.name
@@ -203,7 +208,8 @@ class ToyRelay:
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
         for item in batch:
             _check_fail(self._stage, item.payload.request_id, item.payload.params)
-        return [dict(item.payload.data, **{f"via_{self._stage}": True}) for item in batch]
+        stamp = {f"via_{self._stage}": time.perf_counter()}
+        return [dict(item.payload.data, **stamp) for item in batch]
 
 
 def make_thinker(ctx: StageContext) -> ToyThinker:
