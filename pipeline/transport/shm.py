@@ -2,7 +2,9 @@
 
 One serialisation mechanism for every message: ``pickle``, with a ``persistent_id`` hook that moves
 each torch tensor or numpy array of at least ``threshold`` bytes into one shared-memory segment per
-message (a file under /dev/shm). The control plane then carries only small pickles.
+message (a file under /dev/shm). The control plane then carries only small pickles. Smaller torch
+tensors travel inline as their raw bytes: torch's own pickling goes through ``torch.save``'s
+machinery and costs about 0.3 ms a tensor each way, more than the rest of a hop.
 
 Ownership: the ``ShmWriter`` of the sending endpoint creates a segment and owns it; the receiver
 copies the tensors out (``loads``) and acknowledges; on that acknowledgement the writer unlinks the
@@ -29,6 +31,8 @@ SEGMENT_PREFIX = "duplex-"
 
 @dataclass(frozen=True)
 class _Ref:
+    """A tensor or array in a segment of shared memory."""
+
     segment: str
     offset: int
     nbytes: int
@@ -37,32 +41,61 @@ class _Ref:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _Inline:
+    """A small torch tensor as its raw bytes, inside the pickle itself."""
+
+    data: bytes
+    dtype: str
+    shape: tuple[int, ...]
+
+
 def _raw_bytes(obj: Any) -> tuple[np.ndarray, bool, str, tuple[int, ...]] | None:
+    """The bytes of a plain dense tensor or array, or None for what pickle must handle itself
+    (sparse or quantized tensors, object or structured arrays)."""
     if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided or obj.is_quantized:
+            return None
         t = obj.detach().cpu().contiguous()
         return t.reshape(-1).view(torch.uint8).numpy(), True, str(t.dtype), tuple(t.shape)
-    if isinstance(obj, np.ndarray) and obj.dtype != object:
+    if isinstance(obj, np.ndarray) and not obj.dtype.hasobject and obj.dtype.fields is None:
         a = np.ascontiguousarray(obj)
         return a.reshape(-1).view(np.uint8), False, a.dtype.str, a.shape
     return None
 
 
+def _rebuild(buf: bytearray, is_torch: bool, dtype: str, shape: tuple[int, ...]) -> Any:
+    """A tensor or array that owns ``buf`` (writable, independent of any segment)."""
+    if is_torch:
+        torch_dtype = getattr(torch, dtype.removeprefix("torch."))
+        if not buf:
+            return torch.empty(shape, dtype=torch_dtype)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(torch_dtype).reshape(shape)
+    return np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
+
+
 class _LiftingPickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, segment: str, threshold: int) -> None:
+    def __init__(self, file: io.BytesIO, threshold: int) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._segment = segment
         self._threshold = threshold
+        self.segment: str | None = None
+        """The message's segment name, chosen when it lifts its first tensor."""
         self.lifted: list[np.ndarray] = []
         self.size = 0
 
-    def persistent_id(self, obj: Any) -> _Ref | None:
+    def persistent_id(self, obj: Any) -> _Ref | _Inline | None:
         if not isinstance(obj, (torch.Tensor, np.ndarray)):
             return None
         raw = _raw_bytes(obj)
-        if raw is None or raw[0].nbytes < self._threshold:
+        if raw is None:
             return None
         data, is_torch, dtype, shape = raw
-        ref = _Ref(self._segment, self.size, data.nbytes, is_torch, dtype, shape)
+        if data.nbytes < self._threshold:
+            # numpy pickles its arrays as raw bytes already; only torch needs the short cut.
+            return _Inline(data.tobytes(), dtype, shape) if is_torch else None
+        if self.segment is None:
+            self.segment = f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        ref = _Ref(self.segment, self.size, data.nbytes, is_torch, dtype, shape)
         self.lifted.append(data)
         self.size += data.nbytes
         return ref
@@ -74,19 +107,16 @@ class _LoweringUnpickler(pickle.Unpickler):
         self.segments: set[str] = set()
         self._contents: dict[str, bytes] = {}
 
-    def persistent_load(self, ref: _Ref) -> Any:
+    def persistent_load(self, ref: _Ref | _Inline) -> Any:
+        if isinstance(ref, _Inline):
+            return _rebuild(bytearray(ref.data), True, ref.dtype, ref.shape)
         self.segments.add(ref.segment)
         content = self._contents.get(ref.segment)
         if content is None:
             content = (SHM_DIR / ref.segment).read_bytes()
             self._contents[ref.segment] = content
         buf = bytearray(content[ref.offset : ref.offset + ref.nbytes])
-        if ref.is_torch:
-            dtype = getattr(torch, ref.dtype.removeprefix("torch."))
-            if not buf:
-                return torch.empty(ref.shape, dtype=dtype)
-            return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(ref.shape)
-        return np.frombuffer(buf, dtype=np.dtype(ref.dtype)).reshape(ref.shape)
+        return _rebuild(buf, ref.is_torch, ref.dtype, ref.shape)
 
 
 class ShmWriter:
@@ -97,11 +127,11 @@ class ShmWriter:
         self._held: dict[str, int] = {}
 
     def dumps(self, obj: Any) -> bytes:
-        segment = f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:16]}"
         buf = io.BytesIO()
-        pickler = _LiftingPickler(buf, segment, self._threshold)
+        pickler = _LiftingPickler(buf, self._threshold)
         pickler.dump(obj)
-        if pickler.lifted:
+        segment = pickler.segment
+        if segment is not None:
             fd = os.open(SHM_DIR / segment, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             try:
                 for data in pickler.lifted:
