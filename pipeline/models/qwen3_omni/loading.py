@@ -8,6 +8,9 @@
 - ``dtype``: ``bfloat16`` / ``float16`` / ``float32`` (default ``bfloat16``).
 - ``seed``: the tiny checkpoint's seed (default 0).
 - ``attn_implementation``: optional, passed through (``sdpa`` by default).
+- ``random_weights``: draw the weights on the device instead of reading them (a checkpoint
+  directory from ``synthetic.write_random_checkpoint``: full-size benchmarks with nothing to
+  download; the model then speaks noise).
 
 The device comes from each stage's config. Each stage loads only its own component from the
 composite checkpoint (``thinker.*``, ``thinker.audio_tower.*``, ``talker.*``, ``code2wav.*``) with a
@@ -39,6 +42,7 @@ from transformers import (
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
 
 from pipeline.models.qwen3_omni import tiny
+from pipeline.models.qwen3_omni.synthetic import init_talker_moe
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,7 @@ class Source:
     path: str
     dtype: torch.dtype
     attn_implementation: str = "sdpa"
+    random_weights: bool = False
 
     @property
     def is_tiny(self) -> bool:
@@ -82,6 +87,7 @@ def resolve(model_args: Mapping[str, Any]) -> Source:
         path=checkpoint,
         dtype=_DTYPES[dtype_name],
         attn_implementation=str(model_args.get("attn_implementation", "sdpa")),
+        random_weights=bool(model_args.get("random_weights", False)),
     )
 
 
@@ -89,6 +95,8 @@ def describe(source: Source) -> str:
     """One line for the startup log that says plainly which weights serve."""
     if source.is_tiny:
         return f"tiny Qwen3-Omni with RANDOM weights (test checkpoint at {source.path})"
+    if source.random_weights:
+        return f"Qwen3-Omni architecture of {source.path} with RANDOM weights drawn at load (benchmark)"
     return f"Qwen3-Omni checkpoint {source.path} ({source.dtype})"
 
 
@@ -111,6 +119,13 @@ def load_feature_extractor(path: str) -> Any:
 
 
 def _load(cls: type, source: Source, sub_config: Any, prefix: str, device: str) -> torch.nn.Module:
+    if source.random_weights:
+        with torch.device(device):
+            model = cls._from_config(
+                sub_config, dtype=source.dtype, attn_implementation=source.attn_implementation
+            )
+        init_talker_moe(model, load_config(source.path).talker_config.initializer_range)
+        return model.eval().requires_grad_(False)
     # With accelerate installed, weights load straight onto the device; without it (it is not a
     # dependency), they load on the CPU and move.
     placement = {"device_map": device} if importlib.util.find_spec("accelerate") else {}

@@ -50,6 +50,15 @@ def _codes_handed_to_code2wav(model: Qwen3OmniMoeForConditionalGeneration) -> It
         del model.code2wav.chunked_decode
 
 
+def _inputs(prepared: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    ids = prepared["input_ids"][None]
+    inputs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if prepared.get("input_features") is not None:
+        inputs["input_features"] = prepared["input_features"]
+        inputs["feature_attention_mask"] = prepared["feature_attention_mask"]
+    return inputs
+
+
 @torch.inference_mode()
 def reference_generate(
     model: Qwen3OmniMoeForConditionalGeneration,
@@ -63,25 +72,42 @@ def reference_generate(
     ``talker_cap(answer_tokens)`` is the talker's cap in ``generate``'s units (codec tokens drawn,
     the last of which is dropped when capped) for an answer of that many thinker tokens.
     """
-    ids = prepared["input_ids"][None]
-    inputs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    if prepared.get("input_features") is not None:
-        inputs["input_features"] = prepared["input_features"]
-        inputs["feature_attention_mask"] = prepared["feature_attention_mask"]
+    answer = answer_length(model, prepared, thinker_cap)
+    return generate_capped(model, prepared, thinker_cap, talker_cap(answer), voice)
+
+
+@torch.inference_mode()
+def answer_length(
+    model: Qwen3OmniMoeForConditionalGeneration, prepared: dict[str, torch.Tensor], thinker_cap: int
+) -> int:
+    """How many tokens the greedy thinker answers with (its EOS included)."""
+    inputs = _inputs(prepared)
     eos = model.config.im_end_token_id
-    text_only = model.thinker.generate(**inputs, max_new_tokens=thinker_cap, eos_token_id=eos, do_sample=False)
-    answer = text_only.shape[1] - ids.shape[1]
+    text = model.thinker.generate(**inputs, max_new_tokens=thinker_cap, eos_token_id=eos, do_sample=False)
+    return text.shape[1] - inputs["input_ids"].shape[1]
+
+
+@torch.inference_mode()
+def generate_capped(
+    model: Qwen3OmniMoeForConditionalGeneration,
+    prepared: dict[str, torch.Tensor],
+    thinker_cap: int,
+    talker_max_new_tokens: int,
+    voice: str = "ethan",
+) -> ReferenceOutput:
+    """One greedy ``generate`` call with both caps known."""
+    inputs = _inputs(prepared)
     with _codes_handed_to_code2wav(model) as codes:
         sequences, waveform = model.generate(
             **inputs,
             thinker_max_new_tokens=thinker_cap,
-            thinker_eos_token_id=eos,
-            talker_max_new_tokens=talker_cap(answer),
+            thinker_eos_token_id=model.config.im_end_token_id,
+            talker_max_new_tokens=talker_max_new_tokens,
             talker_do_sample=False,
             speaker=voice,
         )
     return ReferenceOutput(
-        tokens=sequences[0, ids.shape[1]:].tolist(),
+        tokens=sequences[0, inputs["input_ids"].shape[1]:].tolist(),
         codes=codes[0][0],
         waveform=waveform.reshape(-1).float().numpy(),
     )

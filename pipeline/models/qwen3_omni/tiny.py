@@ -29,15 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (
-    PreTrainedTokenizerFast,
-    Qwen3OmniMoeConfig,
-    Qwen3OmniMoeForConditionalGeneration,
-    WhisperFeatureExtractor,
-)
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-    Qwen3OmniMoeTalkerTextSparseMoeBlock,
+from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+from pipeline.models.qwen3_omni.synthetic import (
+    ROLE_TOKENS,
+    SPECIAL_TOKENS,
+    build_feature_extractor,
+    build_tokenizer,
+    init_talker_moe,
 )
 
 logger = logging.getLogger(__name__)
@@ -48,46 +47,9 @@ BUILD_VERSION = 3
 TARGET_RMS = 0.2
 """code2wav output level the builder scales to (speech-level, well below clipping)."""
 
-# Byte tokens take ids 0..255 (byte-level BPE without merges); the special tokens follow, under the
-# real model's names. Role names are plain (non-special) added tokens so that "<|im_start|>user\n"
-# is three tokens, as with the real tokenizer.
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|audio_start|>",
-    "<|audio_end|>",
-    "<|audio_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<tts_pad>",
-    "<tts_text_bos>",
-    "<tts_text_eod>",
-    "<tts_text_bos_single>",
-]
-ROLE_TOKENS = ["user", "assistant", "system"]
+# Bytes take ids 0..255 (one token per byte), the special and role tokens follow.
 TOKEN_IDS = {tok: 256 + i for i, tok in enumerate(SPECIAL_TOKENS + ROLE_TOKENS)}
-VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + len(ROLE_TOKENS)
-
-# The same shape as Qwen3-Omni's template: one "<|im_start|>{role}\n...<|im_end|>\n" block per
-# message, an audio part as "<|audio_start|><|audio_pad|><|audio_end|>" (the single pad is expanded
-# to one token per audio frame by preprocessing), and "<|im_start|>assistant\n" as generation prompt.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'audio' -%}{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
-    "{%- elif part['type'] == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'video' -%}{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+VOCAB_SIZE = 256 + len(TOKEN_IDS)
 
 # Talker codec vocabulary: the reference suppresses the top 1024 ids except codec EOS, so the
 # vocabulary must exceed 1024; codec tokens proper are [0, CODEBOOK) and every special lies in the
@@ -224,74 +186,6 @@ def tiny_config_dict() -> dict[str, Any]:
     }
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer (no merges) with Qwen3-Omni's special tokens and template shape."""
-    # ByteLevel maps byte b to a printable character; token id == byte value.
-    mapping = _bytes_to_unicode()
-    vocab = {mapping[b]: b for b in range(256)}
-    if set(vocab) != set(pre_tokenizers.ByteLevel.alphabet()):
-        raise RuntimeError("byte table differs from the ByteLevel pre-tokenizer's alphabet")
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.decoder = decoders.ByteLevel()
-    core.add_special_tokens(SPECIAL_TOKENS)
-    core.add_tokens(ROLE_TOKENS)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS,
-        clean_up_tokenization_spaces=False,
-    )
-    got = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in TOKEN_IDS}
-    if got != TOKEN_IDS or len(tokenizer) != VOCAB_SIZE:
-        raise RuntimeError(f"tiny tokenizer ids drifted: {got}")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table, which the ByteLevel pre-tokenizer uses."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    table: dict[int, str] = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-def build_feature_extractor() -> WhisperFeatureExtractor:
-    """Whisper log-mel features with the real model's settings (128 bins, 16 kHz, hop 160)."""
-    return WhisperFeatureExtractor(
-        feature_size=128,
-        sampling_rate=16000,
-        hop_length=160,
-        chunk_length=30,
-        n_fft=400,
-        padding_value=0.0,
-        return_attention_mask=True,
-    )
-
-
-def init_talker_moe(model: Qwen3OmniMoeForConditionalGeneration) -> None:
-    """Initialise the talker's MoE router and experts, which transformers leaves untouched.
-
-    ``_init_weights`` covers the thinker's MoE blocks but not the talker's: its experts stay
-    ``torch.empty`` (whatever memory held: not reproducible, possibly NaN) and its router zeros
-    (every token routed alike). A checkpoint loaded from disk overwrites both; a model built from
-    a config must set them, with the same normal(0, initializer_range) as the thinker's.
-    """
-    std = model.config.talker_config.initializer_range
-    with torch.no_grad():
-        for module in model.talker.modules():
-            if isinstance(module, Qwen3OmniMoeTalkerTextSparseMoeBlock):
-                for param in (module.experts.gate_up_proj, module.experts.down_proj, module.gate.weight):
-                    param.normal_(mean=0.0, std=std)
-
-
 def _scale_code2wav(model: Qwen3OmniMoeForConditionalGeneration, seed: int) -> float:
     """Scale code2wav's last convolution so random codes decode at TARGET_RMS; returns the gain.
 
@@ -328,10 +222,10 @@ def build(out_dir: Path, seed: int) -> None:
     torch.manual_seed(seed)
     config = Qwen3OmniMoeConfig(**tiny_config_dict())
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
-    init_talker_moe(model)
+    init_talker_moe(model, config.talker_config.initializer_range)
     gain = _scale_code2wav(model, seed)
     model.save_pretrained(out_dir)
-    build_tokenizer().save_pretrained(out_dir)
+    build_tokenizer(TOKEN_IDS).save_pretrained(out_dir)
     build_feature_extractor().save_pretrained(out_dir)
     (out_dir / "TINY_RANDOM_WEIGHTS.json").write_text(
         json.dumps({"seed": seed, "build_version": BUILD_VERSION, "code2wav_gain": gain})
