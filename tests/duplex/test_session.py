@@ -134,7 +134,7 @@ async def test_barge_in_pauses_at_once_and_truncates_to_what_was_heard(pipeline:
 async def test_false_interruption_resumes_where_it_paused(pipeline: Coordinator) -> None:
     h = Harness(pipeline)
     await answered(h)
-    total = int(h.track.queued_seconds / 0.02)
+    total = h.audible_frames() + round(h.track.queued_seconds / 0.02)  # played + still queued
     await h.silence(75)
     word = speech("Hey", 16000, 0.0, 0.0)
     start = int(np.nonzero(np.abs(word) > 0.01)[0][0])

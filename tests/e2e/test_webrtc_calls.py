@@ -96,8 +96,10 @@ def assert_subsequence(types: list[str], expected: list[str]) -> None:
     assert not missing, f"{missing} not in order in {types}"
 
 
-async def wait_stages_idle(server: ServerProcess) -> None:
-    stages = ["thinker", "decode", "talker", "code2wav"]
+TOY_STAGES = ["thinker", "decode", "talker", "code2wav"]
+
+
+async def wait_stages_idle(server: ServerProcess, stages: list[str] = TOY_STAGES) -> None:
     deadline = asyncio.get_running_loop().time() + TIMEOUT
     while True:
         live = {s: server.metric("pipeline_stage_live_requests", {"stage": s}) for s in stages}
