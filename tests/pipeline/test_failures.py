@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
-
 import pytest
 
 from pipeline.config import parse_pipeline_config
@@ -31,12 +29,6 @@ ANSWER = int(TOY.stage("thinker").options["answer_tokens"])
 THINKER_CAP = TOY.stage("thinker").max_new_tokens
 CAP_PARAM = TOY.stage("thinker").cap_param
 FRAMES_PER_TOKEN = int(TOY.stage("talker").options["frames_per_token"])
-
-
-@pytest.fixture(scope="module")
-async def toy(mode: str) -> AsyncIterator[Coordinator]:
-    async with running(TOY, mode) as coordinator:
-        yield coordinator
 
 
 async def assert_serves(coordinator: Coordinator) -> None:

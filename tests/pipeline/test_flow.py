@@ -17,7 +17,6 @@ from tests.pipeline.helpers import (
     collect,
     expected_audio,
     expected_text,
-    fan_in_config,
     make_request,
     running,
     turn,
@@ -28,18 +27,6 @@ from tests.pipeline.helpers import (
 TOY = toy_config()
 ANSWER = int(TOY.stage("thinker").options["answer_tokens"])
 CHAIN = relay_chain(5, processes=2)
-
-
-@pytest.fixture(scope="module")
-async def toy(mode: str) -> AsyncIterator[Coordinator]:
-    async with running(TOY, mode) as coordinator:
-        yield coordinator
-
-
-@pytest.fixture(scope="module")
-async def fan_in(mode: str) -> AsyncIterator[Coordinator]:
-    async with running(fan_in_config(), mode) as coordinator:
-        yield coordinator
 
 
 @pytest.fixture(scope="module")
