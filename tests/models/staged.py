@@ -67,14 +67,24 @@ class Staged:
         self._send(self.config.entry, "coordinator", payload, add=True)
 
     def run(self) -> dict[str, Result]:
-        """Step every stage with work, in graph order, until none has any."""
-        while True:
-            busy = [s.name for s in self.config.stages if self.schedulers[s.name].has_work()]
-            if not busy:
-                return self.results
-            for name in busy:
-                for out in self.schedulers[name].step():
-                    self._route(name, out)
+        """Step until no stage has work."""
+        while self.step():
+            pass
+        return self.results
+
+    def step(self) -> bool:
+        """One step of every stage with work, in graph order; False when none had any."""
+        busy = [s.name for s in self.config.stages if self.schedulers[s.name].has_work()]
+        for name in busy:
+            for out in self.schedulers[name].step():
+                self._route(name, out)
+        return bool(busy)
+
+    def abort(self, request_id: str) -> None:
+        """What an Abort does in every stage: release, and drop the request's later data."""
+        for stage in self.config.stages:
+            self._gone.add((stage.name, request_id))
+            self.schedulers[stage.name].abort(request_id)
 
     def _send(self, target: str, source: str, payload: StagePayload, add: bool = False,
               final: bool = False) -> None:
@@ -97,9 +107,7 @@ class Staged:
         result = self.results[out.request_id]
         if isinstance(out, RequestFailure):
             result.error = f"{name}: {out.error}"
-            for stage in self.config.stages:
-                self._gone.add((stage.name, out.request_id))
-                self.schedulers[stage.name].abort(out.request_id)
+            self.abort(out.request_id)
             return
         stage = self.config.stage(name)
         payload = StagePayload(out.request_id, out.data, self.params[out.request_id])

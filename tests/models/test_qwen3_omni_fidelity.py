@@ -79,6 +79,30 @@ def test_answers_end_on_eos_and_on_caps(references: dict[str, ReferenceOutput], 
 def test_thinker_and_talker_step_the_requests_as_one_batch(staged: Staged) -> None:
     assert max(staged.batch_sizes["thinker"]) == 4
     assert max(staged.batch_sizes["talker"]) == 4
+    assert len(staged.runners["thinker"].pool) == len(staged.runners["talker"].pool) == 0
+
+
+def test_an_abort_mid_batch_frees_its_kv_and_spares_the_others(
+    references: dict[str, ReferenceOutput], eos: int
+) -> None:
+    """A request leaves the batch at an abort (its KV rows cut out) while another joins it late;
+    the requests that stay still equal generate, and every cache is freed at the end."""
+    run = Staged(CONFIG)
+    run.runners["thinker"].eos = eos
+    first, _, victim, late = four_requests()  # the victim's answer is long in both scenarios
+    run.submit(first)
+    run.submit(victim)
+    while len(run.results[victim.request_id].token_ids) < 2:
+        run.step()
+    assert len(run.runners["thinker"].pool) == 2
+    run.abort(victim.request_id)
+    run.submit(late)
+    run.run()
+    assert len(run.runners["thinker"].pool) == len(run.runners["talker"].pool) == 0
+    for request in (first, late):
+        got, ref = run.results[request.request_id], references[request.request_id]
+        assert got.token_ids == ref.tokens
+        assert torch.equal(torch.stack(got.frames, dim=1), ref.codes)
 
 
 @pytest.mark.parametrize("rid", REQUEST_IDS)

@@ -53,12 +53,10 @@ class KVPool:
         """Forget a request's cache, wherever it is. Idempotent."""
         self._solo.pop(request_id, None)
         if request_id in self._rows:
-            self.arrange([r for r in self._rows if r != request_id])
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._solo or request_id in self._rows
+            self._rearrange([r for r in self._rows if r != request_id], park_leaving=False)
 
     def __len__(self) -> int:
+        """Requests holding a cache here (solo or in the batch)."""
         return len(self._solo) + len(self._rows)
 
     # -- the batch ---------------------------------------------------------------------------
@@ -69,13 +67,18 @@ class KVPool:
         return list(self._rows)
 
     def arrange(self, wanted: list[str]) -> list[str]:
-        """Make the batch hold exactly ``wanted`` (any order in, batch order out)."""
+        """Make the batch hold exactly ``wanted`` (any order in, batch order out); rows that leave
+        it keep their caches, solo."""
+        return self._rearrange(wanted, park_leaving=True)
+
+    def _rearrange(self, wanted: list[str], park_leaving: bool) -> list[str]:
         wanted_set = set(wanted)
         if set(self._rows) == wanted_set:
             return self.rows
-        for i, rid in enumerate(self._rows):
-            if rid not in wanted_set:
-                self._solo[rid] = self._cut(i)
+        if park_leaving:
+            for i, rid in enumerate(self._rows):
+                if rid not in wanted_set:
+                    self._solo[rid] = self._cut(i)
         keep = [i for i, rid in enumerate(self._rows) if rid in wanted_set]
         layers: Layers = []
         if keep and self._batch is not None:

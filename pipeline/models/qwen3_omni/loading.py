@@ -83,12 +83,21 @@ def resolve(model_args: Mapping[str, Any]) -> Source:
         raise ValueError(f"model_args.dtype: {dtype_name!r} is not one of {sorted(_DTYPES)}")
     if checkpoint == "tiny":
         checkpoint = str(tiny.ensure_tiny_checkpoint(int(model_args.get("seed", 0))))
-    return Source(
+    source = Source(
         path=checkpoint,
         dtype=_DTYPES[dtype_name],
         attn_implementation=str(model_args.get("attn_implementation", "sdpa")),
         random_weights=bool(model_args.get("random_weights", False)),
     )
+    _announce(source)
+    return source
+
+
+@functools.cache
+def _announce(source: Source) -> None:
+    """Say once per process which weights serve; random ones loudly."""
+    random = source.is_tiny or source.random_weights
+    logger.log(logging.WARNING if random else logging.INFO, "serving %s", describe(source))
 
 
 def describe(source: Source) -> str:
