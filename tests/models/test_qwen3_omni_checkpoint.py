@@ -3,12 +3,15 @@ same ``from_pretrained`` path as a hub checkpoint, component by component."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from pipeline.models.qwen3_omni import loading, tiny
 
@@ -61,3 +64,17 @@ def test_components_load_the_checkpoint_weights(tiny_source: loading.Source, ref
 def test_startup_says_the_weights_are_random(tiny_source: loading.Source) -> None:
     assert "RANDOM weights" in loading.describe(tiny_source)
     assert "RANDOM" not in loading.describe(loading.Source("Qwen/Qwen3-Omni-30B-A3B-Instruct", torch.bfloat16))
+
+
+def test_a_processor_chat_template_serves_when_the_tokenizer_has_none(
+    tiny_source: loading.Source, tmp_path: Path
+) -> None:
+    """Checkpoints may keep the template beside the processor (chat_template.json): the loader
+    falls back to it, since the processor itself cannot load here."""
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(tiny_source.path, copy)
+    template = (copy / "chat_template.jinja").read_text()
+    (copy / "chat_template.jinja").unlink()
+    (copy / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    assert AutoTokenizer.from_pretrained(copy).chat_template is None
+    assert loading.load_tokenizer(str(copy)).chat_template == template

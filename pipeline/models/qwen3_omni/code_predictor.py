@@ -38,11 +38,11 @@ def predict_frame(
     cache = DynamicCache(config=predictor.config)
     codes = [code0]
     fed: list[torch.Tensor] = [code0_embed]
-    empty = code0.new_zeros(0)
+    no_history: list[list[int]] = [[] for _ in samplings]
     for k in range(1, groups):
         out = predictor.model(inputs_embeds=inputs, cache=cache, use_cache=True)
         logits = predictor.lm_head[k - 1](out.last_hidden_state)[:, -1]
-        code = torch.tensor(pick_rows(logits, samplings, [empty] * len(samplings)), device=code0.device)
+        code = torch.tensor(pick_rows(logits, samplings, no_history), device=code0.device)
         codes.append(code)
         inputs = embeddings[k - 1](code[:, None])
         fed.append(inputs)

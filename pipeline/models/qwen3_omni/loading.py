@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +42,7 @@ from transformers import (
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
+from transformers.utils import CHAT_TEMPLATE_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE, cached_file
 
 from pipeline.models.qwen3_omni import tiny
 from pipeline.models.qwen3_omni.synthetic import init_talker_moe
@@ -116,10 +119,22 @@ def load_config(path: str) -> Qwen3OmniMoeConfig:
 
 @functools.cache
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer with its chat template (the processor's when the tokenizer has
+    none: the full processor cannot load here, it needs torchvision for images and video)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.chat_template is None:
-        raise ValueError(f"{path}: the tokenizer has no chat template")
+        tokenizer.chat_template = _processor_chat_template(path)
     return tokenizer
+
+
+def _processor_chat_template(path: str) -> str:
+    jinja = cached_file(path, CHAT_TEMPLATE_FILE, _raise_exceptions_for_missing_entries=False)
+    if jinja is not None:
+        return Path(jinja).read_text()
+    legacy = cached_file(path, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE, _raise_exceptions_for_missing_entries=False)
+    if legacy is not None:
+        return json.loads(Path(legacy).read_text())["chat_template"]
+    raise ValueError(f"{path}: neither the tokenizer nor the processor has a chat template")
 
 
 @functools.cache

@@ -60,9 +60,10 @@ class Sampling:
     def is_plain_greedy(self) -> bool:
         return not self.params.do_sample and not self.processors
 
-    def pick(self, scores: torch.Tensor, history: torch.Tensor) -> int:
-        """Next token for one row: ``scores`` [vocab] float32, ``history`` [n] earlier tokens."""
-        scores = self.processors(history[None, :], scores[None, :])
+    def pick(self, scores: torch.Tensor, history: Sequence[int]) -> int:
+        """Next token for one row: ``scores`` [vocab] float32, ``history`` its earlier tokens."""
+        ids = torch.tensor([list(history)], dtype=torch.long, device=scores.device)
+        scores = self.processors(ids, scores[None, :])
         if not self.params.do_sample:
             return int(scores.argmax(-1))
         probs = torch.softmax(scores, dim=-1)
@@ -70,7 +71,7 @@ class Sampling:
 
 
 def pick_rows(
-    logits: torch.Tensor, samplings: Sequence[Sampling], histories: Sequence[torch.Tensor]
+    logits: torch.Tensor, samplings: Sequence[Sampling], histories: Sequence[Sequence[int]]
 ) -> list[int]:
     """Next token of every row of ``logits`` [rows, vocab]."""
     scores = logits.float()

@@ -246,7 +246,7 @@ class Talker:
         st.prompt = None
         self.pool.add(slot.request_id, cache)
         st.position = length
-        return self._advance([slot], out.last_hidden_state)[slot.request_id]
+        return ARStepResult(None, finished=self._advance([slot], out.last_hidden_state)[0])
 
     def _decode(self, slots: list[ARSlot]) -> dict[str, ARStepResult]:
         states: list[TalkerState] = [s.state for s in slots]
@@ -279,20 +279,19 @@ class Talker:
             )
             for slot in ordered:
                 slot.state.position += 1
-            ended = self._advance(ordered, out.last_hidden_state)
-            for rid, end in ended.items():
-                results[rid].finished = end.finished
+            for slot, ended in zip(ordered, self._advance(ordered, out.last_hidden_state)):
+                results[slot.request_id].finished = ended
         return results
 
-    def _advance(self, slots: list[ARSlot], hidden: torch.Tensor) -> dict[str, ARStepResult]:
-        """Draw each row's next codebook-0 code from the talker's output ``hidden`` [rows, T, H]."""
+    def _advance(self, slots: list[ARSlot], hidden: torch.Tensor) -> list[bool]:
+        """Draw each row's next codebook-0 code from the talker's output ``hidden`` [rows, T, H];
+        True where it is codec EOS (the row's last frame has been emitted)."""
+        # The head over every position, then the last row, as generate computes it (the matmul's
+        # row count changes its float rounding).
         logits = self.model.codec_head(hidden)[:, -1]
         states: list[TalkerState] = [s.state for s in slots]
-        histories = [torch.tensor(st.codes0, dtype=torch.long, device=self.device) for st in states]
-        codes = pick_rows(logits, [st.sampling for st in states], histories)
-        out = {}
-        for slot, st, code, h in zip(slots, states, codes, hidden):
+        codes = pick_rows(logits, [st.sampling for st in states], [st.codes0 for st in states])
+        for st, code, h in zip(states, codes, hidden):
             st.codes0.append(code)
             st.past_hidden = h[None, -1:]
-            out[slot.request_id] = ARStepResult(None, finished=code == self.eos)
-        return out
+        return [code == self.eos for code in codes]

@@ -162,11 +162,11 @@ class Thinker:
             output_hidden_states=[self.accept_layer],
         )
         logits = self.model.lm_head(out.last_hidden_state[:, -1])
-        token = pick_rows(logits, [st.sampling], [ids.new_zeros(0)])[0]
+        token = pick_rows(logits, [st.sampling], [[]])[0]
         self.pool.add(slot.request_id, cache)
         st.prefilled, st.position, st.audio_embeds = True, length, None
         prompt = self._talker_prompt(ids[0], embeds[0], out.hidden_states[self.accept_layer][0])
-        return self._emit(slot, token, prompt)
+        return self._emit(slot, token, self._embed_cpu([token])[0], prompt)
 
     def _decode(self, slots: list[ARSlot]) -> dict[str, ARStepResult]:
         by_id = {s.request_id: s for s in slots}
@@ -182,15 +182,19 @@ class Thinker:
             use_cache=True,
         )
         logits = self.model.lm_head(out.last_hidden_state[:, -1])
-        histories = [torch.tensor(st.tokens, device=self.device) for st in states]
-        tokens = pick_rows(logits, [st.sampling for st in states], histories)
+        tokens = pick_rows(logits, [st.sampling for st in states], [st.tokens for st in states])
         results = {}
-        for slot, token in zip(rows, tokens):
+        for slot, token, embed in zip(rows, tokens, self._embed_cpu(tokens)):
             slot.state.position += 1
-            results[slot.request_id] = self._emit(slot, token, {})
+            results[slot.request_id] = self._emit(slot, token, embed, {})
         return results
 
-    def _emit(self, slot: ARSlot, token: int, extra: dict[str, Any]) -> ARStepResult:
+    def _embed_cpu(self, tokens: list[int]) -> torch.Tensor:
+        return self.embed(torch.tensor(tokens, device=self.device)).cpu()
+
+    def _emit(
+        self, slot: ARSlot, token: int, embed: torch.Tensor, extra: dict[str, Any]
+    ) -> ARStepResult:
         st: ThinkerState = slot.state
         context = st.tokens[-DETOK_CONTEXT:]
         st.tokens.append(token)
@@ -198,7 +202,6 @@ class Thinker:
         # text), so the runner ends the request itself at EOS or at the cap rather than leave the
         # cap to the scheduler.
         last = token == self.eos or slot.steps + 1 >= slot.cap
-        embed = self.embed(torch.tensor([token], device=self.device))[0].cpu()
         data = {"token_id": token, "context_ids": context, "token_embed": embed, "last": last, **extra}
         return ARStepResult(data=data, finished=last)
 
