@@ -101,10 +101,9 @@ class KVPool:
     def attention_mask(self, new_tokens: int = 1) -> torch.Tensor:
         """[rows, cached + new_tokens] mask: 0 on each row's left padding."""
         length = self._batch.get_seq_length() + new_tokens if self._batch is not None else new_tokens
-        mask = torch.ones(len(self._rows), length, dtype=torch.long, device=self._device())
-        for i, pad in enumerate(self._pads):
-            mask[i, :pad] = 0
-        return mask
+        device = self._device()
+        pads = torch.tensor(self._pads, device=device)[:, None]
+        return (torch.arange(length, device=device)[None] >= pads).long()
 
     # -- internals ---------------------------------------------------------------------------
 
