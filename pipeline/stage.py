@@ -12,7 +12,7 @@ Two threads of control, each owning its own state:
 
 An abort is applied on the loop at once (the request is marked gone, its fan-in buffer freed) and
 then in the worker, between two steps; the AbortAck leaves only after the scheduler released its
-state. Per-request entries of ``_active`` live from a request's first message to its final output,
+state (at once when the stage holds nothing of the request). Per-request entries of ``_active`` live from a request's first message to its final output,
 failure or abort.
 """
 
@@ -141,8 +141,15 @@ class Stage:
                 if self._admit(payload):
                     self._queue(payload.request_id, lambda: self._scheduler.close_stream(payload))
             case Abort(request_id=rid):
+                held = rid in self._active
                 self._forget(rid)
-                self._queue(None, lambda: self._abort_in_worker(rid))
+                if held:
+                    self._queue(None, lambda: self._abort_in_worker(rid))
+                else:
+                    # Never here, or already ended here: the scheduler released it before its final
+                    # output or failure, and the worker skips whatever is still queued for it
+                    # (``_ended``). No need to wait for the step in progress to acknowledge.
+                    self._endpoint.send(COORDINATOR, AbortAck(rid, self.name))
             case StatsRequest(token=token):
                 self._queue(None, lambda: self._post_counts(token))
             case _:

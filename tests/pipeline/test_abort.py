@@ -180,7 +180,7 @@ async def test_abort_while_late_data_is_in_flight(toy: Coordinator) -> None:
     for stream in streams:
         await first_chunk_with(stream, "text")
     await wait_until(toy, lambda s: s["talker"].live_requests == len(requests), "all talking")
-    await asyncio.gather(*(abort_now(toy, r.request_id) for r in requests))
+    await asyncio.wait_for(asyncio.gather(*(toy.abort(r.request_id) for r in requests)), 5)
     assert_no_live_state(await toy.stage_stats())
     for stream in streams:
         await drain(stream)

@@ -258,6 +258,25 @@ async def test_input_queued_before_a_request_ended_does_not_recreate_its_state(
         await h.close()
 
 
+async def test_an_abort_for_a_request_the_stage_does_not_hold_skips_the_busy_worker(
+    directory: Path,
+) -> None:
+    config = TALKER.model_copy(update={"max_new_tokens": 1})
+    runner = _GatedPromptedRunner()
+    h = await start("inproc", directory, config, build_scheduler(config, runner))
+    try:
+        h.send("thinker", StreamChunk(StagePayload("req-a", {"prompt": "hi"}), "thinker", 0))
+        assert await asyncio.to_thread(runner.stepping.wait, 10)  # the worker is stuck in a step
+        h.send(COORDINATOR, Abort("req-elsewhere"))
+        await h.expect(COORDINATOR, AbortAck, "req-elsewhere")
+        h.send(COORDINATOR, Abort("req-a"))  # held here: acknowledged once the step is over
+        runner.gate.release()
+        await h.expect(COORDINATOR, AbortAck, "req-a")
+        assert (await h.stats()).live_requests == 0
+    finally:
+        await h.close()
+
+
 class _FaultyScheduler:
     """Holds requests like a scheduler; its release or its step raises on demand."""
 
