@@ -14,8 +14,8 @@
 
 The device comes from each stage's config. Each stage loads only its own component from the
 composite checkpoint (``thinker.*``, ``thinker.audio_tower.*``, ``talker.*``, ``code2wav.*``) with a
-key mapping, so a talker process never holds the 30B thinker. Loaded components are cached per
-process (stages that share a process and a device share weights) for the life of the process.
+key mapping, so a talker process never holds the 30B thinker. Loaded components are cached for
+the life of the process (a second runner over the same weights, as tests build, loads nothing).
 """
 
 from __future__ import annotations
