@@ -179,7 +179,10 @@ def serve_stage_group(config: PipelineConfig, group: str, directory: str, spec: 
 async def _serve_group(
     config: PipelineConfig, stages: list[StageConfig], directory: Path, spec: ModelSpec
 ) -> None:
-    endpoints = {s.name: ZmqEndpoint(s.name, directory, config.shm_threshold_bytes) for s in stages}
+    neighbours: dict[str, ZmqEndpoint] = {}
+    endpoints = {
+        s.name: ZmqEndpoint(s.name, directory, config.shm_threshold_bytes, neighbours) for s in stages
+    }
     built: list[Stage] = []
     for stage in stages:
         try:

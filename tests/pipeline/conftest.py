@@ -3,7 +3,10 @@ sharing one pipeline of each shape per module (a stage process costs seconds to 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +32,11 @@ async def fan_in(mode: str) -> AsyncIterator[Coordinator]:
     """split -> (a, b) -> join -> tail (see ``fan_in_config``)."""
     async with running(fan_in_config(), mode) as coordinator:
         yield coordinator
+
+
+@pytest.fixture
+def directory() -> Iterator[Path]:
+    """A fresh directory for ipc:// sockets, with a short path (they are length-limited)."""
+    path = Path(tempfile.mkdtemp(prefix="duplex-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

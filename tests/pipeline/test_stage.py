@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,13 +124,6 @@ def _endpoints(kind: str, directory: Path, names: list[str]) -> dict[str, Endpoi
         return {n: ZmqEndpoint(n, directory, shm_threshold=1024) for n in names}
     hub = InprocHub()
     return {n: hub.endpoint(n) for n in names}
-
-
-@pytest.fixture
-async def directory() -> AsyncIterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="duplex-test-"))  # short: ipc paths are length-limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def start(
