@@ -139,7 +139,10 @@ class RealtimeClient(Changes):
             assert not self.ended, f"connection ended ({self.closed}) before {kind} #{count}: {self.types()}"
             return None
 
-        return await self.wait_for(found)
+        try:
+            return await self.wait_for(found)
+        except TimeoutError:
+            raise AssertionError(f"no {kind} #{count} within {TIMEOUT:.0f} s: {self.types()}") from None
 
     async def append(self, samples: np.ndarray, chunk_ms: int = 100) -> None:
         """24 kHz float audio as ``input_audio_buffer.append`` events of ``chunk_ms`` each."""
