@@ -91,3 +91,8 @@ def test_prompt_follows_the_chat_template(pre: Preprocessor) -> None:
         + "<|audio_pad|>" * n + "<|audio_end|>hi<|im_end|>\n<|im_start|>assistant\n"
     )
     assert out["input_features"].shape[:2] == (1, 128)
+
+
+@pytest.mark.parametrize("voice", [None, "default", "ETHAN", "chelsie"])
+def test_voices_of_the_checkpoint_and_default_are_accepted(pre: Preprocessor, voice: str | None) -> None:
+    assert run(pre, [user(text="hi")], voice=voice)["input_ids"].numel() > 0

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+import torch
 
 from pipeline.coordinator import Coordinator, PipelineError
 from pipeline.models import StageContext
@@ -38,9 +39,22 @@ async def coordinator(request: pytest.FixtureRequest) -> AsyncIterator[Coordinat
 
 
 @pytest.fixture(scope="module")
-def references(reference_model) -> dict[str, ReferenceOutput]:
-    pre = Preprocessor(StageContext(CONFIG.stage("preprocessing"), CONFIG.model_args))
-    return {r.request_id: reference_for(reference_model, pre, r, CONFIG) for r in four_requests()}
+def preprocessor() -> Preprocessor:
+    return Preprocessor(StageContext(CONFIG.stage("preprocessing"), CONFIG.model_args))
+
+
+@pytest.fixture(scope="module")
+def references(reference_model, preprocessor: Preprocessor) -> dict[str, ReferenceOutput]:
+    return {r.request_id: reference_for(reference_model, preprocessor, r, CONFIG) for r in four_requests()}
+
+
+def with_voice(request: OmniRequest, voice: str) -> OmniRequest:
+    return OmniRequest(request.request_id, request.inputs, {**request.params, "voice": voice})
+
+
+@pytest.fixture(scope="module")
+def chelsie(reference_model, preprocessor: Preprocessor) -> ReferenceOutput:
+    return reference_for(reference_model, preprocessor, with_voice(four_requests()[0], "chelsie"), CONFIG)
 
 
 def base_id(request: OmniRequest) -> str:
@@ -147,3 +161,17 @@ async def test_text_only_requests_skip_the_talker(
     assert outcome.audio.size == 0
     assert sorted(outcome.finals) == ["code2wav", "decode"]
     await wait_clear(coordinator)
+
+
+async def test_voices(
+    coordinator: Coordinator, references: dict[str, ReferenceOutput], chelsie: ReferenceOutput
+) -> None:
+    """``default`` is the talker stage's voice (ethan here); another speaker changes the audio,
+    not the text, exactly as generate's ``speaker`` does."""
+    request = four_requests()[0]
+    default = await collect(coordinator, fresh(with_voice(request, "default")))
+    assert_equals_reference(default.chunks, references["audio16k"])
+    other = await collect(coordinator, fresh(with_voice(request, "Chelsie")))
+    assert_equals_reference(other.chunks, chelsie)
+    assert chelsie.tokens == references["audio16k"].tokens
+    assert not torch.equal(chelsie.codes, references["audio16k"].codes)

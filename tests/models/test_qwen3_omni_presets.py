@@ -17,7 +17,8 @@ from transformers import AutoConfig, Qwen3OmniMoeForConditionalGeneration
 from evaluation.qwen3_gpu_check import check_config, checkpoint
 from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.models import resolve
-from pipeline.models.qwen3_omni import loading
+from pipeline.models.qwen3_omni import loading, tiny
+from pipeline.models.qwen3_omni.synthetic import full_size_config_dict
 from tests.models.conftest import REPO
 
 
@@ -27,6 +28,9 @@ def test_presets_resolve(preset: str) -> None:
     assert data["name"] == preset and data["description"]
     config = parse_pipeline_config(data["pipeline"])
     assert resolve(config).output_sample_rate == 24000
+    # Clients may pick "default" (the talker stage's voice) or any speaker of the checkpoint.
+    speakers = full_size_config_dict()["talker_config"]["speaker_id"]
+    assert data["voices"][0] == "default" and set(data["voices"][1:]) == set(speakers) == set(tiny.SPEAKERS)
     assert config.terminals == ["decode", "code2wav"]
     if preset == "qwen3_omni":
         assert {s.device for s in config.stages if s.name in ("thinker", "talker", "code2wav")} == {"cuda:0"}

@@ -7,8 +7,8 @@ answer and must carry text or audio. A message with both renders its audio first
 rate from 8 kHz to 192 kHz is resampled to the feature extractor's 16 kHz with PyAV; audio longer
 than the stage's ``max_audio_seconds`` (default 120) is refused.
 
-Request params read here: ``voice`` (a speaker of the checkpoint, checked early so a request fails
-before the thinker runs) and ``modalities`` (subset of ``["text", "audio"]``).
+Request params read here: ``voice`` (``default`` or a speaker of the checkpoint, checked early so
+a request fails before the thinker runs) and ``modalities`` (subset of ``["text", "audio"]``).
 
 Output data: ``input_ids`` (1-D long tensor, one ``<|audio_pad|>`` per audio frame of the encoder),
 and with audio ``input_features`` / ``feature_attention_mask`` (one row per clip). The runner is
@@ -28,6 +28,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from pipeline.models import StageContext
 from pipeline.models.qwen3_omni import loading
+from pipeline.models.qwen3_omni.talker import requested_voice
 from pipeline.scheduling.base import BatchItem, RequestError
 
 MIN_RATE, MAX_RATE = 8000, 192000
@@ -61,7 +62,7 @@ class Preprocessor:
         config = loading.load_config(source.path)
         self.audio_token_id = config.thinker_config.audio_token_id
         self.n_window = config.thinker_config.audio_config.n_window
-        self.voices = sorted(config.talker_config.speaker_id or {})
+        self.speakers = dict(config.talker_config.speaker_id or {})
         self.max_audio_s = float(ctx.stage.options.get("max_audio_seconds", 120.0))
 
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
@@ -100,9 +101,7 @@ class Preprocessor:
         unknown = [m for m in modalities if m not in MODALITIES]
         if unknown:
             raise RequestError(rid, f"modalities {unknown} are not supported (use {list(MODALITIES)})")
-        voice = params.get("voice")
-        if "audio" in modalities and voice is not None and str(voice).lower() not in self.voices:
-            raise RequestError(rid, f"unknown voice {voice!r} (this model has {self.voices})")
+        requested_voice(rid, params, self.speakers)
 
     def _message(self, rid: str, message: Any, clips: list[np.ndarray]) -> dict[str, Any]:
         if not isinstance(message, dict) or message.get("role") not in ROLES:

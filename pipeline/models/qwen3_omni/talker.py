@@ -23,6 +23,7 @@ Per-request state (TalkerState in ``ARSlot.state``; KV in the runner's KVPool) l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,23 @@ class TalkerOptions:
     voice: str = "ethan"
 
 
+DEFAULT_VOICE = "default"
+"""The voice of a request that names none (or names this): the talker stage's ``voice`` option."""
+
+
+def requested_voice(request_id: str, params: dict[str, Any], speakers: Mapping[str, int]) -> str | None:
+    """The voice a request asks for, lower-cased, or None when it wants no audio; a voice the
+    checkpoint does not have is the request's error."""
+    if "audio" not in (params.get("modalities") or ["text", "audio"]):
+        return None
+    voice = str(params.get("voice") or DEFAULT_VOICE).lower()
+    if voice != DEFAULT_VOICE and voice not in speakers:
+        raise RequestError(
+            request_id, f"unknown voice {voice!r} (this model has {[DEFAULT_VOICE, *sorted(speakers)]})"
+        )
+    return voice
+
+
 def step_cap(answer_tokens: int, opts: TalkerOptions) -> int:
     """The talker's text-tied cap in steps for an answer of ``answer_tokens`` thinker tokens.
 
@@ -110,12 +128,8 @@ class Talker:
     def new_state(self, payload: StagePayload) -> TalkerState:
         params = payload.params
         o = self.opts
-        speaker = None
-        if "audio" in (params.get("modalities") or ["text", "audio"]):
-            voice = str(params.get("voice") or o.voice).lower()
-            if voice not in self.voices:
-                raise RequestError(payload.request_id, f"unknown voice {voice!r} ({sorted(self.voices)})")
-            speaker = self.voices[voice]
+        voice = requested_voice(payload.request_id, params, self.voices)
+        speaker = None if voice is None else self.voices[o.voice if voice == DEFAULT_VOICE else voice]
         seed = params.get("seed")
         sampling = SamplingParams(
             do_sample=o.do_sample, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
