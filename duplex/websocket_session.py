@@ -84,7 +84,7 @@ class WebSocketSession:
                 self.log.info("websocket session ended (%s)", reason)
 
     async def close(self) -> None:
-        """End the connection from the server side (shutdown): close frame, then wait for ``run``."""
+        """End the connection from the server (shutdown): close frame, then wait for ``run``."""
         self._outbox.put_nowait(_Close(CLOSE_GOING_AWAY, "server shutting down"))
         try:
             await asyncio.wait_for(self._ended.wait(), SHUTDOWN_GRACE_S)
@@ -113,9 +113,10 @@ class WebSocketSession:
             try:
                 await self.session.on_event(event)
             except Exception:  # noqa: BLE001 - one bad event must not end the session or the server
-                self.log.exception("event %r failed", event.get("type") if isinstance(event, dict) else event)
-                self.session.send(error_event("the server failed to handle this event", "server_error",
-                                              kind="server_error"))
+                kind = event.get("type") if isinstance(event, dict) else type(event).__name__
+                self.log.exception("event %r failed", kind)
+                self.session.send(error_event("the server failed to handle this event",
+                                              "server_error", kind="server_error"))
 
     def _parse(self, message: dict[str, Any]) -> Any:
         """The JSON of a text (or UTF-8 binary) message, or None after an ``error`` event."""
@@ -124,7 +125,8 @@ class WebSocketSession:
             try:
                 text = (message.get("bytes") or b"").decode("utf-8")
             except UnicodeDecodeError:
-                self.session.send(error_event("a binary message must be UTF-8 JSON", "invalid_json"))
+                self.session.send(error_event("a binary message must be UTF-8 JSON",
+                                              "invalid_json"))
                 return None
         try:
             return json.loads(text)

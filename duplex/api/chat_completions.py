@@ -1,8 +1,8 @@
 """``POST /v1/chat/completions``: OpenAI-compatible, with audio in and out (CONTRACT.md).
 
-A completion is a request, not a session: it holds no slot in the session registry (``--max-sessions``
-counts conversations); what bounds completions is the pipeline's ``max_in_flight``, and a request
-beyond it gets 503 with ``Retry-After``.
+A completion is a request, not a session: it holds no slot in the session registry
+(``--max-sessions`` counts conversations); what bounds completions is the pipeline's
+``max_in_flight``, and a request beyond it gets 503 with ``Retry-After``.
 
 Lifecycle of one completion, all owned by this handler and gone when it returns: validate the body
 (400 naming the parameter, 413 beyond 25 MiB), decode input audio off the event loop, submit one
@@ -99,9 +99,9 @@ class _Completion:
                               "total_tokens": self.text_chunks}
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+                "model": self.model, "choices": [choice]}
 
     def message(self) -> dict[str, Any]:
         text = "".join(self.text)
@@ -116,10 +116,10 @@ class _Completion:
             "expires_at": self.created + AUDIO_TTL_S, "transcript": text}}
 
     def response(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": self.message(), "finish_reason": self.finish_reason,
-                             "logprobs": None}],
-                "usage": self.usage_object()}
+        choice = {"index": 0, "message": self.message(), "finish_reason": self.finish_reason,
+                  "logprobs": None}
+        return {"id": self.id, "object": "chat.completion", "created": self.created,
+                "model": self.model, "choices": [choice], "usage": self.usage_object()}
 
 
 def _wav(samples: np.ndarray, rate: int) -> bytes:
@@ -178,9 +178,10 @@ class _ClosingStreamingResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def _events(completion: _Completion, first: OutputChunk | None, stream: _Stream, audio_rate: int,
-                  log_: logging.LoggerAdapter[logging.Logger]) -> AsyncIterator[str]:
+async def _events(completion: _Completion, first: OutputChunk | None, stream: _Stream,
+                  audio_rate: int, log_: logging.LoggerAdapter) -> AsyncIterator[str]:
     speaks = completion.request.speaks
+    audio_id = completion.audio_id
     encoder = OutboundEncoder("audio/pcm", audio_rate)
     try:
         yield _sse(completion.chunk({"role": "assistant", "content": None if speaks else ""}))
@@ -188,11 +189,12 @@ async def _events(completion: _Completion, first: OutputChunk | None, stream: _S
         while chunk is not None:
             text, audio = completion.take(chunk)
             if text:
-                delta = {"audio": {"id": completion.audio_id, "transcript": text}} if speaks else {"content": text}
+                delta = {"audio": {"id": audio_id, "transcript": text}} if speaks \
+                    else {"content": text}
                 yield _sse(completion.chunk(delta))
             if audio is not None:
                 data, _ = encoder.encode(audio)
-                yield _sse(completion.chunk({"audio": {"id": completion.audio_id, "data": data}}))
+                yield _sse(completion.chunk({"audio": {"id": audio_id, "data": data}}))
             chunk = await anext(stream, None)
     except PipelineError as err:
         log_.warning("stream failed after it started: %s", err)
@@ -201,7 +203,8 @@ async def _events(completion: _Completion, first: OutputChunk | None, stream: _S
     finally:
         await stream.aclose()
     # As OpenAI's: the last audio update carries only the audio's id and expiry.
-    last = {"audio": {"id": completion.audio_id, "expires_at": completion.created + AUDIO_TTL_S}} if speaks else {}
+    expires_at = completion.created + AUDIO_TTL_S
+    last = {"audio": {"id": audio_id, "expires_at": expires_at}} if speaks else {}
     yield _sse(completion.chunk(last, completion.finish_reason))
     if completion.request.include_usage:
         yield _sse({**completion.chunk({}), "choices": [], "usage": completion.usage_object()})
@@ -229,7 +232,8 @@ async def chat_completions(request: Request) -> Response:
     except (ValueError, RecursionError):
         raise APIError(400, "the request body is not valid JSON", "invalid_json") from None
     chat = parse_request(payload, state.settings.voices)
-    messages = await asyncio.to_thread(model_messages, chat, state.settings.session.max_input_audio_s)
+    max_audio_s = state.settings.session.max_input_audio_s
+    messages = await asyncio.to_thread(model_messages, chat, max_audio_s)
     completion = _Completion(chat, chat.model or state.settings.preset)
     log_ = logging.LoggerAdapter(log, {"session_id": completion.id})
     params = {"modalities": ["text", "audio"] if chat.speaks else ["text"],
@@ -246,7 +250,8 @@ async def chat_completions(request: Request) -> Response:
             log_.info("completion done")
             return JSONResponse(completion.response())
     except PipelineOverloaded as err:
-        raise APIError(503, str(err), "overloaded", kind="server_error", headers={"Retry-After": "1"}) from None
+        raise APIError(503, str(err), "overloaded", kind="server_error",
+                       headers={"Retry-After": "1"}) from None
     except PipelineError as err:
         raise APIError(500, str(err), "pipeline_error", kind="server_error") from None
     except _ClientGone:
@@ -254,4 +259,5 @@ async def chat_completions(request: Request) -> Response:
         return Response(status_code=499)
     rate = pipeline.output_sample_rate or PCM_RATE
     return _ClosingStreamingResponse(_events(completion, first, stream, rate, log_),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})

@@ -4,8 +4,8 @@ What is taken (CONTRACT.md, as OpenAI does it): ``messages`` with string content
 ``input_audio`` parts (WAV or MP3 at any rate and channel count, decoded with PyAV and resampled
 to the model's 16 kHz mono), ``modalities``, ``audio: {voice, format}``, ``stream``,
 ``stream_options.include_usage``, ``max_completion_tokens`` / ``max_tokens``. Sampling options
-(``temperature``, ...) are accepted and ignored: the preset decides them. Everything here is pure and
-per request; nothing outlives the request.
+(``temperature``, ...) are accepted and ignored: the preset decides them. Everything here is pure
+and per request; nothing outlives the request.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class ChatRequest(BaseModel):
 
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"], min_length=1)
+    modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"],
+                                                       min_length=1)
     audio: AudioOutput | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -105,8 +106,8 @@ def parse_request(body: Any, voices: list[str]) -> ChatRequest:
         raise _bad(f"{param}: {first['msg']}" if param else first["msg"], param) from None
     if request.speaks:
         if request.audio is None:
-            raise _bad("'audio' (voice and format) is required when modalities include 'audio'", "audio",
-                       "missing_required_parameter")
+            raise _bad("'audio' (voice and format) is required when modalities include 'audio'",
+                       "audio", "missing_required_parameter")
         if request.audio.voice not in voices:
             raise _bad(f"unknown voice {request.audio.voice!r} (voices: {voices})", "audio.voice")
         if request.stream and request.audio.format != "pcm16":
@@ -134,12 +135,13 @@ def _decode_audio(part: InputAudio, param: str, max_seconds: float) -> np.ndarra
                     raise _bad(f"input audio longer than {max_seconds:.0f} s", param + ".data")
             mono.extend(f.to_ndarray().mean(axis=0) for f in planar.resample(None))
     except av.error.FFmpegError as err:
-        raise _bad(f"input_audio.data is not decodable {part.format}: {err}", param + ".data") from None
+        raise _bad(f"input_audio.data is not decodable {part.format}: {err}",
+                   param + ".data") from None
     if not mono or rate <= 0:
         raise _bad("input_audio.data holds no audio", param + ".data")
     resampler = Resampler(rate, MODEL_RATE)
-    samples = np.concatenate([resampler.push(np.concatenate(mono).astype(np.float32)), resampler.flush()])
-    return samples.astype(np.float32)
+    head = resampler.push(np.concatenate(mono).astype(np.float32))
+    return np.concatenate([head, resampler.flush()]).astype(np.float32)
 
 
 def model_messages(request: ChatRequest, max_audio_s: float) -> list[dict[str, Any]]:
@@ -157,12 +159,12 @@ def model_messages(request: ChatRequest, max_audio_s: float) -> list[dict[str, A
                 raise _bad(f"input_audio is only allowed in user messages, not {message.role}",
                            f"messages.{i}.content.{j}")
             else:
-                audio.append(_decode_audio(part.input_audio, f"messages.{i}.content.{j}.input_audio",
-                                           max_audio_s))
+                param = f"messages.{i}.content.{j}.input_audio"
+                audio.append(_decode_audio(part.input_audio, param, max_audio_s))
         if message.audio is not None and not texts:
             # The server keeps no audio it sent: a reference cannot be resolved, its text can.
-            raise _bad("assistant audio references are not kept by this server; send the transcript "
-                       "as the message's content", f"messages.{i}.audio")
+            raise _bad("assistant audio references are not kept by this server; send the "
+                       "transcript as the message's content", f"messages.{i}.audio")
         text = "".join(texts) or None
         if text is None and not audio:
             continue

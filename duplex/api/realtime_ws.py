@@ -4,8 +4,8 @@ The handshake is always accepted (answering the ``realtime`` subprotocol when th
 OpenAI's) so that a refusal can carry a close code the client sees, before any event:
 
 - a missing or wrong API key → close 1008;
-- the pipeline still loading, or the server at ``max_sessions`` → an ``error`` event, then close 1013
-  (try again later).
+- the pipeline still loading, or the server at ``max_sessions`` → an ``error`` event, then
+  close 1013 (try again later).
 
 Otherwise the connection becomes a WebSocketSession until the client leaves. The ``model`` query
 parameter (OpenAI's SDKs always send one) is accepted whatever it names and echoed as

@@ -1,9 +1,9 @@
-"""What the tests of the OpenAI-compatible APIs share: the preset, metrics, audio, a realtime client.
+"""What the tests of the OpenAI-compatible APIs share: preset, metrics, audio, a realtime client.
 
-The server (conftest.py) runs the toy model with long answers (60 words, the talker at 25 ms a frame:
-about 4.5 s to generate 14.4 s of audio) so that a response is still running when a test cancels or
-interrupts it; tests that want a whole answer quickly cap it with ``max_output_tokens`` /
-``max_completion_tokens``.
+The server (conftest.py) runs the toy model with long answers (60 words, the talker at 25 ms a
+frame: about 4.5 s to generate 14.4 s of audio) so that a response is still running when a test
+cancels or interrupts it; tests that want a whole answer quickly cap it with ``max_output_tokens``
+/ ``max_completion_tokens``.
 """
 
 from __future__ import annotations
@@ -102,6 +102,11 @@ def rms(samples: np.ndarray) -> float:
 
 # --- a realtime client on the openai SDK ----------------------------------------------------------
 
+def user_text(text: str) -> dict[str, Any]:
+    """A user message item for ``conversation.item.create``."""
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
 class RealtimeClient(Changes):
     """An SDK realtime connection and every event it received (read by a background task)."""
 
@@ -136,19 +141,20 @@ class RealtimeClient(Changes):
             hits = self.of(kind)
             if len(hits) >= count:
                 return hits[count - 1]
-            assert not self.ended, f"connection ended ({self.closed}) before {kind} #{count}: {self.types()}"
+            assert not self.ended, f"ended ({self.closed}) before {kind} #{count}: {self.types()}"
             return None
 
         try:
             return await self.wait_for(found)
         except TimeoutError:
-            raise AssertionError(f"no {kind} #{count} within {TIMEOUT:.0f} s: {self.types()}") from None
+            raise AssertionError(f"no {kind} #{count} in {TIMEOUT:.0f} s: {self.types()}") from None
 
     async def append(self, samples: np.ndarray, chunk_ms: int = 100) -> None:
         """24 kHz float audio as ``input_audio_buffer.append`` events of ``chunk_ms`` each."""
         step = PCM_RATE * chunk_ms // 1000
         for start in range(0, len(samples), step):
-            await self.connection.input_audio_buffer.append(audio=pcm16_b64(samples[start:start + step]))
+            piece = pcm16_b64(samples[start:start + step])
+            await self.connection.input_audio_buffer.append(audio=piece)
 
     def audio(self, response_id: str) -> np.ndarray:
         return decode_pcm16([e.delta for e in self.of("response.output_audio.delta")

@@ -1,5 +1,5 @@
-"""``--api-key`` everywhere CONTRACT.md says: 401 on HTTP, 1008 on WebSocket, the key as a header or as
-OpenAI's browser subprotocol; ``/healthz`` stays open. Real server, real SDK, raw websockets."""
+"""``--api-key`` everywhere CONTRACT.md says: 401 on HTTP, 1008 on WebSocket, the key as a header or
+as OpenAI's browser subprotocol; ``/healthz`` stays open. Real server, real SDK, raw websockets."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ PROTECTED = [("POST", "/v1/chat/completions"), ("GET", "/metrics"), ("POST", "/v
 
 
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong-key", API_KEY, f"Basic {API_KEY}"])
-async def test_http_refuses_without_the_key(server: ServerProcess, authorization: str | None) -> None:
+async def test_http_refuses_without_the_key(server: ServerProcess,
+                                            authorization: str | None) -> None:
     headers = {"Authorization": authorization} if authorization else {}
     async with httpx.AsyncClient(headers=headers) as http:
         for method, path in PROTECTED:
@@ -31,17 +32,19 @@ async def test_http_refuses_without_the_key(server: ServerProcess, authorization
         assert (await http.get(f"{server.url}/healthz")).status_code == 200
 
 
-async def test_sdk_with_the_right_key_works_and_the_wrong_one_does_not(server: ServerProcess) -> None:
+async def test_sdk_with_the_right_key_works_and_a_wrong_one_does_not(server: ServerProcess) -> None:
+    hello = [{"role": "user", "content": "hi"}]
     async with AsyncOpenAI(base_url=f"{server.url}/v1", api_key="wrong-key") as wrong:
         with pytest.raises(openai.AuthenticationError):
-            await wrong.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            await wrong.chat.completions.create(model="m", messages=hello)
     async with AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY) as right:
-        answer = await right.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+        answer = await right.chat.completions.create(model="m", messages=hello,
                                                      max_completion_tokens=SHORT_ANSWER)
     assert answer.choices[0].message.content
 
 
-async def test_websocket_with_a_wrong_key_is_closed_1008_before_any_event(server: ServerProcess) -> None:
+async def test_websocket_with_a_wrong_key_closes_1008_first(server: ServerProcess) -> None:
+    """Closed before any event: not even session.created."""
     async with realtime(server, api_key="wrong-key") as rt:
         await rt.wait_for(lambda: rt.ended)
     assert rt.closed is not None and rt.closed.rcvd is not None and rt.closed.rcvd.code == 1008

@@ -57,8 +57,8 @@ async def test_streamed_text_and_audio(client: AsyncOpenAI) -> None:
     assert len(audio) == answer_samples(transcript)
     assert rms(audio) > 0.05
     assert len({d.audio.id for d in deltas if d.audio}) == 1
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert finishes == ["stop"]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert [f for f in finishes if f] == ["stop"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == SHORT_ANSWER
 
 
@@ -79,8 +79,10 @@ def toy_answer(samples_16k: int, words: int) -> list[str]:
 
 
 @pytest.mark.parametrize(("fmt", "input_rate"), [("wav", 44100), ("pcm16", 8000)])
-async def test_spoken_question_gets_a_spoken_answer(client: AsyncOpenAI, fmt: str, input_rate: int) -> None:
+async def test_spoken_question_gets_a_spoken_answer(client: AsyncOpenAI, fmt: str,
+                                                    input_rate: int) -> None:
     wav = speech_wav("What is the weather like tomorrow?", input_rate)
+    data = base64.b64encode(wav.read_bytes()).decode()
     with wave.open(str(wav)) as w:
         at_16k = round(w.getnframes() * 16000 / input_rate)
     completion = await client.chat.completions.create(
@@ -88,12 +90,11 @@ async def test_spoken_question_gets_a_spoken_answer(client: AsyncOpenAI, fmt: st
         audio={"voice": "default", "format": fmt},
         messages=[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": [
             {"type": "text", "text": "Please answer this:"},
-            {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav.read_bytes()).decode(),
-                                                    "format": "wav"}}]}])
+            {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}])
     message = completion.choices[0].message
     assert completion.model == MODEL and completion.choices[0].finish_reason == "stop"
     assert message.content is None
-    # The toy answers a function of the audio's length at 16 kHz: the audio was decoded and resampled.
+    # The toy's answer is a function of the audio's length at 16 kHz: decoded and resampled right.
     assert message.audio.transcript.split() == toy_answer(at_16k, SHORT_ANSWER)
     data = base64.b64decode(message.audio.data)
     if fmt == "wav":
@@ -106,6 +107,7 @@ async def test_spoken_question_gets_a_spoken_answer(client: AsyncOpenAI, fmt: st
     assert completion.usage is not None and completion.usage.completion_tokens == SHORT_ANSWER
 
 
+NOT_A_WAV = base64.b64encode(b"RIFF" + b"\0" * 64).decode()
 BAD_REQUESTS: list[tuple[Any, str | None, str]] = [
     (b"{not json", None, "json"),
     ({"model": MODEL}, "messages", "messages"),
@@ -120,8 +122,7 @@ BAD_REQUESTS: list[tuple[Any, str | None, str]] = [
         {"type": "input_audio", "input_audio": {"data": "!!!", "format": "wav"}}]}]},
      "messages.0.content.0.input_audio.data", "base64"),
     ({"model": MODEL, "messages": [{"role": "user", "content": [
-        {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF" + b"\0" * 64).decode(),
-                                                "format": "wav"}}]}]},
+        {"type": "input_audio", "input_audio": {"data": NOT_A_WAV, "format": "wav"}}]}]},
      "messages.0.content.0.input_audio.data", "decodable"),
     ({"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", "role"),
     ({"model": MODEL, "messages": HELLO, "n": 2}, "n", "n"),
@@ -142,13 +143,15 @@ async def test_bad_requests_get_openai_errors(server: ServerProcess, body: Any, 
 
 async def test_sdk_raises_the_server_message(client: AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="unknown voice 'alloy'"):
-        await client.chat.completions.create(model=MODEL, messages=HELLO, modalities=["text", "audio"],
+        await client.chat.completions.create(model=MODEL, messages=HELLO,
+                                             modalities=["text", "audio"],
                                              audio={"voice": "alloy", "format": "wav"})
 
 
 async def test_oversized_body_gets_413_and_the_server_goes_on(server: ServerProcess,
                                                               client: AsyncOpenAI) -> None:
-    huge = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"a" * (26 << 20) + b'"}]}'
+    text = b"a" * (26 << 20)
+    huge = b'{"model": "m", "messages": [{"role": "user", "content": "' + text + b'"}]}'
     async with httpx.AsyncClient(headers=AUTH) as http:
         response = await http.post(f"{server.url}/v1/chat/completions", content=huge)
     assert response.status_code == 413
@@ -159,7 +162,7 @@ async def test_oversized_body_gets_413_and_the_server_goes_on(server: ServerProc
 
 
 async def test_client_disconnect_aborts_the_request(server: ServerProcess) -> None:
-    """A long answer (seconds to generate): the client leaves after its first chunk, or before any."""
+    """A long answer (seconds to generate): the client leaves after its first chunk, or before."""
     aborted = aborts(server)
     body = {"model": MODEL, "messages": HELLO, "stream": True, **SPEAK_PCM16}
     async with httpx.AsyncClient(headers=AUTH) as http:
@@ -170,8 +173,10 @@ async def test_client_disconnect_aborts_the_request(server: ServerProcess) -> No
         await eventually(lambda: aborts(server) == aborted + 1, "the streamed request's abort")
         with pytest.raises(httpx.ReadTimeout):
             await http.post(f"{server.url}/v1/chat/completions", timeout=0.5,
-                            json={**body, "stream": False, "audio": {"voice": "default", "format": "wav"}})
-    await eventually(lambda: aborts(server) == aborted + 2 and pipeline_idle(server), "the second abort")
+                            json={**body, "stream": False,
+                                  "audio": {"voice": "default", "format": "wav"}})
+    await eventually(lambda: aborts(server) == aborted + 2 and pipeline_idle(server),
+                     "the second abort")
 
 
 async def test_concurrent_completions_are_independent(client: AsyncOpenAI) -> None:
@@ -180,8 +185,8 @@ async def test_concurrent_completions_are_independent(client: AsyncOpenAI) -> No
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": q}],
                                        max_completion_tokens=SHORT_ANSWER) for q in questions))
     texts = [a.choices[0].message.content for a in answers]
-    solo = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "One?"}],
-                                                max_completion_tokens=SHORT_ANSWER)
+    solo = await client.chat.completions.create(model=MODEL, max_completion_tokens=SHORT_ANSWER,
+                                                messages=[{"role": "user", "content": "One?"}])
     assert texts[0] == solo.choices[0].message.content
     assert len(set(texts)) == len(texts)
     assert len({a.id for a in answers}) == len(answers)

@@ -17,19 +17,27 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from tests.api.helpers import API_KEY, AUTH, eventually, pipeline_idle, realtime, toy_pipeline
+from tests.api.helpers import (
+    API_KEY,
+    AUTH,
+    eventually,
+    pipeline_idle,
+    realtime,
+    toy_pipeline,
+    user_text,
+)
 from tests.server import ServerProcess, run_server, write_preset
 
 FAILING = toy_pipeline(code2wav={"runner": "relay"}, talker={"options": {"step_delay_s": 1.0}})
-BODY = {"model": "m", "messages": [{"role": "user", "content": "Hello?"}], "modalities": ["text", "audio"],
-        "audio": {"voice": "default", "format": "pcm16"}}
+BODY = {"model": "m", "messages": [{"role": "user", "content": "Hello?"}],
+        "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
 
 
 @pytest.fixture(scope="module")
 def failing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("failing")
-    preset = write_preset(tmp / "preset.yaml", pipeline={**FAILING, "max_in_flight": 1}, api_key=API_KEY,
-                          pipeline_mode="inproc")
+    preset = write_preset(tmp / "preset.yaml", pipeline={**FAILING, "max_in_flight": 1},
+                          api_key=API_KEY, pipeline_mode="inproc")
     with run_server(preset, tmp=tmp) as running:
         yield running
 
@@ -68,8 +76,7 @@ async def test_failure_before_an_answer_is_a_500(failing: ServerProcess) -> None
 async def test_realtime_failure_is_an_error_and_a_failed_response(failing: ServerProcess) -> None:
     async with realtime(failing) as rt:
         await rt.wait("session.created")
-        await rt.connection.conversation.item.create(item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello?"}]})
+        await rt.connection.conversation.item.create(item=user_text("Hello?"))
         await rt.connection.response.create()
         done = await rt.wait("response.done")
         error = await rt.wait("error")
@@ -83,7 +90,8 @@ async def test_beyond_max_in_flight_is_a_503_with_retry_after(failing: ServerPro
         async with http.stream("POST", f"{failing.url}/v1/chat/completions",
                                json={**BODY, "stream": True}) as busy:
             assert busy.status_code == 200  # committed: in flight until its first frame fails
-            refused = await http.post(f"{failing.url}/v1/chat/completions", json={**BODY, "stream": True})
+            refused = await http.post(f"{failing.url}/v1/chat/completions",
+                                      json={**BODY, "stream": True})
         assert refused.status_code == 503
         assert int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["type"] == "server_error"

@@ -29,6 +29,7 @@ from tests.api.helpers import (
     pipeline_idle,
     realtime,
     rms,
+    user_text,
 )
 from tests.e2e.test_webrtc_calls import assert_subsequence
 from tests.server import ServerProcess
@@ -39,6 +40,11 @@ FOLLOW_UP = "And what about the day after that?"
 INTERRUPTION = "Wait, stop, I have another question for you right now."
 MANUAL = {"type": "realtime", "max_output_tokens": SHORT_ANSWER,
           "audio": {"input": {"turn_detection": None}}}
+
+
+def instructions(text: str) -> dict[str, str]:
+    """A harmless session.update."""
+    return {"type": "realtime", "instructions": text}
 
 
 def transcript_of(done: object) -> str:
@@ -74,7 +80,8 @@ async def test_manual_turns_stream_audio_and_transcript(server: ServerProcess) -
         assert done.response.status == "completed"
         rid = done.response.id
         transcript = transcript_of(done)
-        deltas = [e.delta for e in rt.of("response.output_audio_transcript.delta") if e.response_id == rid]
+        deltas = [e.delta for e in rt.of("response.output_audio_transcript.delta")
+                  if e.response_id == rid]
         assert transcript.split() and "".join(deltas) == transcript
         assert len(transcript.split()) == SHORT_ANSWER
         audio = rt.audio(rid)
@@ -82,10 +89,11 @@ async def test_manual_turns_stream_audio_and_transcript(server: ServerProcess) -
         assert rms(audio) > 0.05
     assert first.response.id != second.response.id
     assert_subsequence(rt.types(), [
-        "session.created", "session.updated", "input_audio_buffer.committed", "conversation.item.added",
-        "response.created", "response.output_item.added", "response.content_part.added",
-        "response.output_audio_transcript.delta", "response.output_audio.delta",
-        "response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
+        "session.created", "session.updated", "input_audio_buffer.committed",
+        "conversation.item.added", "response.created", "response.output_item.added",
+        "response.content_part.added", "response.output_audio_transcript.delta",
+        "response.output_audio.delta", "response.output_audio.done",
+        "response.output_audio_transcript.done", "response.content_part.done",
         "response.output_item.done", "response.done",
         "input_audio_buffer.committed", "response.created", "response.done",
     ])
@@ -101,8 +109,7 @@ async def test_response_cancel_mid_response(server: ServerProcess) -> None:
         await rt.wait("session.created")
         await rt.connection.session.update(session={**MANUAL, "max_output_tokens": "inf"})
         await rt.wait("session.updated")
-        await rt.connection.conversation.item.create(item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "A long story."}]})
+        await rt.connection.conversation.item.create(item=user_text("A long story."))
         await rt.connection.response.create()
         await rt.wait("response.output_audio.delta")
         await rt.connection.response.cancel()
@@ -134,8 +141,8 @@ async def test_server_vad_barge_in_cancels_and_truncates(server: ServerProcess) 
         assert done.response.status == "cancelled"
         assert done.response.status_details.reason == "turn_detected"
         types = rt.types()
-        second_start = [i for i, t in enumerate(types) if t == "input_audio_buffer.speech_started"][1]
-        assert second_start < types.index("response.done") < types.index("conversation.item.truncated")
+        starts = [i for i, t in enumerate(types) if t == "input_audio_buffer.speech_started"]
+        assert starts[1] < types.index("response.done") < types.index("conversation.item.truncated")
         assert truncated.item_id == done.response.output[0].id
         sent_ms = len(rt.audio(response_id)) * 1000 // PCM_RATE
         assert 1200 <= truncated.audio_end_ms <= sent_ms
@@ -154,7 +161,7 @@ def silence(seconds: float) -> np.ndarray:
 
 
 async def talk_over_the_agent(rt: RealtimeClient) -> str:
-    """Ask (server VAD), and return once the agent has sent 1.2 s of its answer (past the echo guard)."""
+    """Ask (server VAD); return once the agent sent 1.2 s of its answer (past the echo guard)."""
     await rt.append(speech(QUESTION, PCM_RATE, 0.3, 1.0))
     response_id = (await rt.wait("response.created")).response.id
     await rt.wait_for(lambda: len(rt.audio(response_id)) >= 1.2 * PCM_RATE)
@@ -163,14 +170,15 @@ async def talk_over_the_agent(rt: RealtimeClient) -> str:
 
 async def round_trip(rt: RealtimeClient, n: int) -> None:
     """Everything the server sent before handling a new event has arrived."""
-    await rt.connection.session.update(session={"type": "realtime", "instructions": f"Round trip {n}."})
+    await rt.connection.session.update(session=instructions(f"Round trip {n}."))
     await rt.wait("session.updated", n)
 
 
-@pytest.mark.xfail(strict=True, reason="session.py: a turn that ends while the interrupted response is "
-                   "still being cancelled (abort not yet acknowledged) is committed but never answered: "
-                   "_on_turn_end skips start_response while self._response is set")
-async def test_interruption_ending_before_the_cancel_completes_is_answered(server: ServerProcess) -> None:
+@pytest.mark.xfail(strict=True, reason=(
+    "session.py: a turn that ends while the interrupted response is still being cancelled (abort "
+    "not yet acknowledged) is committed but never answered: _on_turn_end skips start_response "
+    "while self._response is set"))
+async def test_interruption_ending_before_the_cancel_is_answered(server: ServerProcess) -> None:
     async with realtime(server) as rt:
         await rt.wait("session.created")
         await talk_over_the_agent(rt)
@@ -188,9 +196,10 @@ async def test_interruption_ending_before_the_cancel_completes_is_answered(serve
         assert len(rt.of("response.created")) == 2, rt.types()
 
 
-@pytest.mark.xfail(strict=True, reason="session.py: interruptions are confirmed once per inbound chunk, "
-                   "after the whole chunk went through the VAD; an utterance that starts and ends within one "
-                   "append (over agent speech) is taken for a false interruption and dropped")
+@pytest.mark.xfail(strict=True, reason=(
+    "session.py: interruptions are confirmed once per inbound chunk, after the whole chunk went "
+    "through the VAD; an utterance that starts and ends within one append (over agent speech) is "
+    "taken for a false interruption"))
 async def test_interruption_within_one_append_is_confirmed(server: ServerProcess) -> None:
     async with realtime(server) as rt:
         await rt.wait("session.created")
@@ -205,7 +214,8 @@ async def test_interruption_within_one_append_is_confirmed(server: ServerProcess
 
 def g711(path: Path, kind: str) -> bytes:
     """A WAV's samples as raw G.711 (``ul`` or ``al``), encoded by sox."""
-    return subprocess.run(["sox", str(path), "-t", kind, "-"], check=True, capture_output=True).stdout
+    done = subprocess.run(["sox", str(path), "-t", kind, "-"], check=True, capture_output=True)
+    return done.stdout
 
 
 @pytest.mark.parametrize(("wire_in", "sox_kind", "wire_out", "decode"), [
@@ -220,8 +230,9 @@ async def test_g711_in_and_out(server: ServerProcess, wire_in: str, sox_kind: st
     encoded = g711(wav, sox_kind)
     async with realtime(server) as rt:
         await rt.wait("session.created")
-        await rt.connection.session.update(session={"type": "realtime", "max_output_tokens": SHORT_ANSWER, "audio": {
-            "input": {"format": {"type": wire_in}}, "output": {"format": {"type": wire_out}}}})
+        formats = {"input": {"format": {"type": wire_in}}, "output": {"format": {"type": wire_out}}}
+        await rt.connection.session.update(session={
+            "type": "realtime", "max_output_tokens": SHORT_ANSWER, "audio": formats})
         updated = await rt.wait("session.updated")
         assert updated.session.audio.input.format.type == wire_in
         for start in range(0, len(encoded), 800):  # 100 ms of 8 kHz G.711
@@ -252,22 +263,23 @@ async def test_bad_events_get_errors_and_the_session_goes_on(server: ServerProce
     async with realtime(server) as rt:
         await rt.wait("session.created")
         await rt.connection.send_raw("this is not json")
-        await rt.connection.send_raw(json.dumps({"type": "no.such.event", "event_id": "evt_client_1"}))
+        await rt.connection.send_raw(json.dumps({"type": "no.such.event", "event_id": "evt_1"}))
         await rt.connection.input_audio_buffer.append(audio="%%% not base64 %%%")
         await rt.connection.session.update(session={"type": "realtime", "audio": {
             "input": {"turn_detection": {"type": "semantic_vad"}}}})
         await rt.connection.input_audio_buffer.commit()  # server_vad commits by itself
         errors = [(await rt.wait("error", n)).error for n in range(1, 6)]
-        await rt.connection.session.update(session={"type": "realtime", "instructions": "Be brief."})
+        await rt.connection.session.update(session=instructions("Be brief."))
         updated = await rt.wait("session.updated")
     assert errors[0].code == "invalid_json"
     assert errors[1].code == "unknown_event" and "no.such.event" in errors[1].message
-    assert errors[1].event_id == "evt_client_1"
+    assert errors[1].event_id == "evt_1"
     assert errors[2].code == "invalid_audio"
     assert "semantic_vad" in errors[3].message
     assert errors[4].message
     assert updated.session.instructions == "Be brief."
-    assert updated.session.audio.input.turn_detection.type == "server_vad"  # the bad update changed nothing
+    # The bad update changed nothing.
+    assert updated.session.audio.input.turn_detection.type == "server_vad"
 
 
 async def test_oversized_message_closes_1009_and_others_go_on(server: ServerProcess) -> None:
@@ -279,7 +291,7 @@ async def test_oversized_message_closes_1009_and_others_go_on(server: ServerProc
         await big.wait_for(lambda: big.ended)
         assert big.closed is not None and big.closed.rcvd is not None
         assert big.closed.rcvd.code == 1009
-        await other.connection.session.update(session={"type": "realtime", "instructions": "Still here."})
+        await other.connection.session.update(session=instructions("Still here."))
         assert (await other.wait("session.updated")).session.instructions == "Still here."
     await eventually(lambda: websocket_sessions(server) == 0, "both sessions' release")
 
@@ -295,7 +307,7 @@ async def test_session_limit_refuses_with_1013(server: ServerProcess) -> None:
         assert error.error.code == "too_many_sessions"
         assert refused.closed is not None and refused.closed.rcvd.code == 1013
         assert refused.types() == ["error"]
-        await admitted[0].connection.session.update(session={"type": "realtime", "instructions": "Ok."})
+        await admitted[0].connection.session.update(session=instructions("Ok."))
         await admitted[0].wait("session.updated")
     await eventually(lambda: websocket_sessions(server) == 0, "the sessions' release")
     async with realtime(server) as later:
