@@ -271,9 +271,10 @@ class Talker:
         )
         results: dict[str, ARStepResult] = {}
         going: dict[str, tuple[ARSlot, torch.Tensor]] = {}
+        frames = codes.cpu()  # one device sync for the batch
         for i, slot in enumerate(slots):
             st = slot.state
-            data = {"codes": codes[i].cpu()}
+            data = {"codes": frames[i]}
             if self._capped_next(slot):
                 results[slot.request_id] = ARStepResult(data, finished=True)
                 continue
