@@ -25,6 +25,8 @@ from pipeline.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 
+MAX_QUEUED_EVENTS = 1024  # client events waiting for their turn; beyond, the client is flooding
+
 
 class WebRTCCall:
     kind = "webrtc"
@@ -40,6 +42,8 @@ class WebRTCCall:
                                settings.session, settings.voices, model_name)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=MAX_QUEUED_EVENTS)
+        self._event_handler: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
 
@@ -54,7 +58,9 @@ class WebRTCCall:
             self._registry.release(self.id)
             raise
         self.session.start()
-        self._watchdog = asyncio.get_running_loop().create_task(self._watch_inbound())
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.create_task(self._watch_inbound())
+        self._event_handler = loop.create_task(self._handle_events())
         return answer
 
     async def close(self, reason: str = "hangup") -> None:
@@ -87,7 +93,17 @@ class WebRTCCall:
         self.session.on_audio(samples, arrival)
 
     def on_event(self, event: dict[str, Any]) -> None:
-        self._spawn(self.session.on_event(event))
+        try:
+            self._events.put_nowait(event)
+        except asyncio.QueueFull:
+            self.session.send(error_event(
+                f"more than {MAX_QUEUED_EVENTS} events waiting: event dropped", "rate_limited",
+                event_id=event.get("event_id")))
+
+    async def _handle_events(self) -> None:
+        """Client events one at a time, in order: a handler that awaits is never overtaken."""
+        while True:
+            await self.session.on_event(await self._events.get())
 
     def on_bad_event(self, error: str) -> None:
         self.session.send(error_event(error, "invalid_json"))
@@ -99,8 +115,9 @@ class WebRTCCall:
         self._spawn(self._end(reason))
 
     async def _end(self, reason: str) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in (self._watchdog, self._event_handler):
+            if task is not None:
+                task.cancel()
         try:
             await self.session.close()
         finally:

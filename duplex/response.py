@@ -11,9 +11,10 @@ finishes as ``completed`` (every sample played out, on paced transports), ``canc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-async def _no_chunks() -> AsyncIterator[OutputChunk]:
+async def _no_chunks() -> AsyncGenerator[OutputChunk, None]:
     return
     yield
 
@@ -87,12 +88,14 @@ class Response:
         try:
             # A response cancelled before this task ran never reaches the pipeline (its id is aborted).
             chunks = self.session.pipeline.stream(request) if self.cancel_reason is None else _no_chunks()
-            async for chunk in chunks:
-                if chunk.data.get("text"):
-                    self._on_text(chunk.data["text"])
-                audio = chunk.data.get("audio")
-                if self.speaks and audio is not None and len(audio):
-                    self._on_audio(np.asarray(audio, dtype=np.float32), chunk.data["sample_rate"])
+            # aclosing: a task cancelled mid-stream aborts the request now, not when collected.
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    if chunk.data.get("text"):
+                        self._on_text(chunk.data["text"])
+                    audio = chunk.data.get("audio")
+                    if self.speaks and audio is not None and len(audio):
+                        self._on_audio(np.asarray(audio, dtype=np.float32), chunk.data["sample_rate"])
             self.generation_done = True
             if self.speaks and self.audio_samples:
                 self.session.audio.end_item(self.item.id)

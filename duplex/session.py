@@ -43,7 +43,7 @@ from duplex.realtime_audio import InboundDecoder
 from duplex.response import Response
 from duplex.settings import SessionDefaults
 from duplex.session_events import ClientEvents
-from duplex.vad import SAMPLE_RATE, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector
+from duplex.vad import SAMPLE_RATE, WINDOW, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector
 from pipeline.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ class Session:
         self._response: Response | None = None
         self._interruption: _Interruption | None = None
         self._user_item_id: str | None = None
+        self._deferred_turn_end: float | None = None  # a turn that ended during a cancel
+        self._truncating = False  # an interrupted response is being cancelled and truncated
         self._closed = False
         self._events = ClientEvents(self)
         # When each recent chunk of inbound audio arrived: (its end, in samples; monotonic time).
@@ -150,17 +152,27 @@ class Session:
         if self.config.turn_detection is None:
             self._append_manual(samples)
             return
-        self._detector.threshold_override = self._echo_guard()
-        for turn_event in self._detector.process(samples):
-            if isinstance(turn_event, SpeechStarted):
-                self._on_onset(turn_event, received_at)
-            else:
-                self._on_turn_end(turn_event)
-        self._check_interruption()
+        # One VAD window at a time: an interruption is confirmed (or dismissed) at the window where
+        # it happens, even when a client sends a whole utterance in one chunk.
+        for start in range(0, len(samples), WINDOW):
+            self._detector.threshold_override = self._echo_guard()
+            for turn_event in self._detector.process(samples[start : start + WINDOW]):
+                if isinstance(turn_event, SpeechStarted):
+                    self._on_onset(turn_event, received_at)
+                else:
+                    self._on_turn_end(turn_event)
+            self._check_interruption()
 
-    def on_wire_audio(self, b64: str) -> None:
-        """``input_audio_buffer.append`` audio, in the session's input format."""
-        self.on_audio(self._decoder.decode(b64))
+    async def on_wire_audio(self, b64: str) -> None:
+        """``input_audio_buffer.append`` audio, in the session's input format.
+
+        A long append goes through the VAD a second of audio at a time, yielding between slices,
+        so one client's upload never stalls the event loop that paces everyone's audio.
+        """
+        audio = self._decoder.decode(b64)
+        for start in range(0, len(audio), SAMPLE_RATE):
+            self.on_audio(audio[start : start + SAMPLE_RATE])
+            await asyncio.sleep(0)
 
     def _append_manual(self, samples: np.ndarray) -> None:
         limit = int(self.defaults.max_input_audio_s * SAMPLE_RATE)
@@ -237,8 +249,13 @@ class Session:
         asyncio.get_running_loop().create_task(self._truncate_after_cancel(resp, pending.heard_ms))
 
     async def _truncate_after_cancel(self, resp: Response, heard_ms: int) -> None:
-        await self.cancel_response("turn_detected")
-        self.truncate(resp.item, heard_ms)
+        self._truncating = True
+        try:
+            await self.cancel_response("turn_detected")
+            self.truncate(resp.item, heard_ms)
+        finally:
+            self._truncating = False
+        self._answer_deferred_turn()
 
     def truncate(self, item: Item, audio_end_ms: int) -> None:
         self.history.truncate(item, audio_end_ms)
@@ -254,8 +271,13 @@ class Session:
         self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=stop.end_ms, item_id=item_id))
         self.commit_user_audio(item_id, stop.audio)
         td = self.config.turn_detection
-        if td is not None and td.create_response and self._response is None:
+        if td is None or not td.create_response:
+            return
+        if self._response is None:
             self.start_response(turn_end_at=time.monotonic())
+        elif self._response.cancel_reason is not None:
+            # The interrupted response is still being cancelled: answer once its done went out.
+            self._deferred_turn_end = time.monotonic()
 
     # --- user items -----------------------------------------------------------------------
 
@@ -302,6 +324,13 @@ class Session:
             self._response = None
         if self.state in ("thinking", "speaking"):
             self.state = "listening"
+        if not self._truncating:
+            self._answer_deferred_turn()
+
+    def _answer_deferred_turn(self) -> None:
+        deferred, self._deferred_turn_end = self._deferred_turn_end, None
+        if deferred is not None and not self._closed and self._response is None:
+            self.start_response(turn_end_at=deferred)
 
     def on_playout(self, kind: str, item_id: str) -> None:
         """The paced track started an item's audio, or its queue ran dry."""

@@ -95,7 +95,7 @@ class ClientEvents:
         session.send(event("session.updated", session=session.session_object()))
 
     async def _append(self, message: dict[str, Any]) -> None:
-        self.session.on_wire_audio(_field(message, "audio", str))
+        await self.session.on_wire_audio(_field(message, "audio", str))
 
     async def _commit(self, message: dict[str, Any]) -> None:
         if self.session.config.turn_detection is not None:

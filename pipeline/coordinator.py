@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from pipeline import metrics
@@ -146,7 +146,7 @@ class Coordinator:
 
     # --- client API -----------------------------------------------------------------------
 
-    async def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+    async def stream(self, request: OmniRequest) -> AsyncGenerator[OutputChunk, None]:
         """Submit ``request`` and yield its terminal stages' chunks in order.
 
         Ends when every terminal stage completed, or quietly when the request is aborted; raises

@@ -174,10 +174,6 @@ async def round_trip(rt: RealtimeClient, n: int) -> None:
     await rt.wait("session.updated", n)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "session.py: a turn that ends while the interrupted response is still being cancelled (abort "
-    "not yet acknowledged) is committed but never answered: _on_turn_end skips start_response "
-    "while self._response is set"))
 async def test_interruption_ending_before_the_cancel_is_answered(server: ServerProcess) -> None:
     async with realtime(server) as rt:
         await rt.wait("session.created")
@@ -196,10 +192,6 @@ async def test_interruption_ending_before_the_cancel_is_answered(server: ServerP
         assert len(rt.of("response.created")) == 2, rt.types()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "session.py: interruptions are confirmed once per inbound chunk, after the whole chunk went "
-    "through the VAD; an utterance that starts and ends within one append (over agent speech) is "
-    "taken for a false interruption"))
 async def test_interruption_within_one_append_is_confirmed(server: ServerProcess) -> None:
     async with realtime(server) as rt:
         await rt.wait("session.created")
