@@ -4,6 +4,7 @@ peers, real silero-vad, speech from espeak-ng. Runs in the loopback-only namespa
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -256,3 +257,23 @@ async def test_bad_offers_get_clear_errors(server: ServerProcess, body: str, con
         missing = await http.post(f"{server.url}/v1/realtime/calls/rtc_nope/hangup")
         assert missing.status_code == 404
     assert server.metric("duplex_sessions_active", {"transport": "webrtc"}) == 0
+
+
+async def test_garbage_packets_do_not_hurt_the_call(server: ServerProcess) -> None:
+    call = await open_call(server)
+    candidate = next(line.split() for line in call.peer.pc.remoteDescription.sdp.splitlines()
+                     if line.startswith("a=candidate:"))
+    target = (candidate[4], int(candidate[5]))
+    rng = np.random.default_rng(7)
+    # Random bytes, and random bytes behind the first byte of RTP (0x80), STUN (0x00) and DTLS (0x16).
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for i in range(400):
+            body = rng.integers(0, 256, int(rng.integers(1, 1400)), dtype=np.uint8).tobytes()
+            prefix = (b"", b"\x80", b"\x00\x01", b"\x16\xfe\xfd")[i % 4]
+            sock.sendto(prefix + body, target)
+    await call.mic.say(speech(QUESTION, 48000, 0.3, 0.0))
+    done = await call.wait_event("response.done")
+    assert done["response"]["status"] == "completed"
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"{server.url}/healthz")).status_code == 200
+    await hang_up(server, call)
