@@ -4,11 +4,15 @@ transport) with the toy pipeline in-process; the client offers are real aiortc o
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+from aiortc import RTCSessionDescription
 
 from duplex.serve import create_app
 from duplex.settings import load_preset
@@ -18,6 +22,7 @@ from pipeline.runner import start_pipeline
 from tests.duplex.peers import ClientPeer
 from tests.e2e.mic import ScriptedMic
 from tests.server import write_preset
+from tests.speech import speech
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +79,34 @@ async def test_api_key_guards_calls_but_not_health(tmp_path: Path) -> None:
         assert (await http.get("/metrics", headers={"Authorization": "Bearer sesame"})).status_code == 200
         assert (await http.get("/healthz")).status_code == 503  # open, and the pipeline is not loaded
         assert (await http.get("/")).status_code == 200
+
+
+async def test_ended_calls_leave_no_objects_behind(app_state: tuple[httpx.AsyncClient, AppState]) -> None:
+    """Memory per session: after hang-up, the call, its session, peer and track are collectable."""
+    http, state = app_state
+    slots: list[weakref.ref[object]] = []
+    for _ in range(2):
+        peer, answer = await offer(http)
+        assert answer.status_code == 201
+        await peer.pc.setRemoteDescription(
+            RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
+        peer.channel.on("open", peer.notify)
+        await peer.wait_for(lambda: peer.channel.readyState == "open")
+        mic = peer.pc.getSenders()[0].track
+        await mic.say(speech("What is the weather like tomorrow?", 48000, 0.3, 0.0))
+        await peer.wait_for(lambda: '"response.done"' in " ".join(peer.messages))
+        slot = state.registry.get(answer.headers["location"].rsplit("/", 1)[-1])
+        assert slot is not None
+        call = slot.close.__self__  # the WebRTCCall that owns the slot
+        slots += [weakref.ref(call), weakref.ref(call.session), weakref.ref(call.peer),
+                  weakref.ref(call.peer.outbound)]
+        del slot, call
+        assert (await http.post(f"{answer.headers['location']}/hangup")).status_code == 200
+        await peer.close()
+    for _ in range(50):  # aiortc's tasks wind down over a few loop turns after close
+        gc.collect()
+        if all(ref() is None for ref in slots):
+            break
+        await asyncio.sleep(0.02)
+    alive = [type(ref()).__name__ for ref in slots if ref() is not None]
+    assert not alive, f"still referenced after hang-up: {alive}"
