@@ -18,6 +18,22 @@ BARGE_IN_STOP_SECONDS = Histogram(
     "User speech onset reaching the session until the agent's audio is paused",
     buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
 )
+OUTBOUND_FRAME_GAP_SECONDS = Histogram(
+    "duplex_outbound_frame_gap_seconds",
+    "Time between two consecutive outbound 20 ms frames handed to the encoder, all calls",
+    buckets=(0.01, 0.015, 0.019, 0.021, 0.025, 0.03, 0.04, 0.06, 0.1, 0.25),
+)
+OUTBOUND_UNDERRUNS_TOTAL = Counter(
+    "duplex_outbound_underruns_total",
+    "Outbound frames that ran short in the middle of an answer (the model fell behind playout)",
+)
+RESPONSE_PHASE_SECONDS = Histogram(
+    "duplex_response_phase_seconds",
+    "Where a response's time to first audio goes: end of turn -> pipeline submit -> first audio "
+    "chunk -> playout started",
+    ["phase"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+)
 OUTBOUND_QUEUE_SECONDS = Gauge(
     "duplex_outbound_queue_seconds", "Agent audio queued for playout, all sessions"
 )

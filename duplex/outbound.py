@@ -33,6 +33,8 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from duplex import metrics
+
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz: one Opus frame, so aiortc's encoder never re-frames
 FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
@@ -75,6 +77,9 @@ class OutboundAudioTrack(MediaStreamTrack):
         self._queued = 0  # samples in the queue
         self._sent: dict[str, int] = {}  # item_id -> samples handed to the encoder
         self._paused = False
+        self._open: set[str] = set()  # items that may still get audio (enqueued, not ended)
+        self._current: str | None = None  # the item whose samples went out last
+        self._last_frame_at: float | None = None  # clock time the previous frame was returned
         self._start: float | None = None  # clock time of frame 0's deadline
         self._frames = 0  # frames returned so far (the pts of the next one, in frames)
         self._schedule = 0  # frames since self._start, the schedule's own count
@@ -98,6 +103,11 @@ class OutboundAudioTrack(MediaStreamTrack):
         self._queue.append((item_id, np.asarray(samples, dtype=np.int16)))
         self._queued += len(samples)
         self._sent.setdefault(item_id, 0)
+        self._open.add(item_id)
+
+    def end_item(self, item_id: str) -> None:
+        """No more audio will come for ``item_id``: running dry after it is not an underrun."""
+        self._open.discard(item_id)
 
     def pause(self) -> None:
         """Send silence from the next frame on, keeping the queue (a possible barge-in)."""
@@ -115,6 +125,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         dropped = self.queued_seconds
         self._queue.clear()
         self._queued = 0
+        self._open.clear()
         return dropped
 
     def sent_ms(self, item_id: str) -> int:
@@ -124,6 +135,7 @@ class OutboundAudioTrack(MediaStreamTrack):
     def release(self, item_id: str) -> None:
         """Forget ``item_id``'s counter (the session has truncated or finished that item)."""
         self._sent.pop(item_id, None)
+        self._open.discard(item_id)
 
     def stop(self) -> None:
         self.flush()
@@ -152,6 +164,10 @@ class OutboundAudioTrack(MediaStreamTrack):
         frame.pts = self._frames * FRAME_SAMPLES
         self._frames += 1
         self._schedule += 1
+        returned = self._clock()
+        if self._last_frame_at is not None:
+            metrics.OUTBOUND_FRAME_GAP_SECONDS.observe(returned - self._last_frame_at)
+        self._last_frame_at = returned
         return frame
 
     def _deadline(self) -> float:
@@ -160,7 +176,7 @@ class OutboundAudioTrack(MediaStreamTrack):
 
     def _next_samples(self) -> np.ndarray:
         samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        if self._paused or not self._queue:
+        if self._paused:
             return samples
         filled = 0
         while filled < FRAME_SAMPLES and self._queue:
@@ -168,6 +184,7 @@ class OutboundAudioTrack(MediaStreamTrack):
             take = min(FRAME_SAMPLES - filled, len(chunk))
             samples[filled : filled + take] = chunk[:take]
             filled += take
+            self._current = item_id
             if self._sent.get(item_id) == 0:
                 self._emit(Playout("started", item_id))
             # An item released while still queued is played but no longer counted.
@@ -178,8 +195,11 @@ class OutboundAudioTrack(MediaStreamTrack):
             else:
                 self._queue[0] = (item_id, chunk[take:])
         self._queued -= filled
-        if not self._queue:
-            self._emit(Playout("drained", item_id))
+        if filled < FRAME_SAMPLES and self._current in self._open:
+            # The item's audio ran out before the model delivered more: the listener hears a gap.
+            metrics.OUTBOUND_UNDERRUNS_TOTAL.inc()
+        if filled and not self._queue:
+            self._emit(Playout("drained", self._current))
         return samples
 
     def _emit(self, event: Playout) -> None:

@@ -61,6 +61,7 @@ class PacedPlayout:
     def end_item(self, item_id: str) -> None:
         if self._resampler is not None:
             self.track.enqueue(item_id, self._resampler.flush())
+        self.track.end_item(item_id)
 
     def pause(self) -> None:
         self.track.pause()

@@ -37,6 +37,10 @@ async def _no_chunks() -> AsyncGenerator[OutputChunk, None]:
     yield
 
 
+def _phase(name: str, seconds: float) -> None:
+    metrics.RESPONSE_PHASE_SECONDS.labels(name).observe(seconds)
+
+
 class Response:
     def __init__(self, session: Session, overrides: dict[str, Any], turn_end_at: float | None) -> None:
         self.session = session
@@ -49,6 +53,7 @@ class Response:
         self.turn_end_at = turn_end_at
         self.audio_samples = 0
         self.audio_rate = 24000
+        self.submitted_at: float | None = None
         self.first_audio_at: float | None = None
         self.playout_started_at: float | None = None
         self.cancel_reason: str | None = None
@@ -88,6 +93,9 @@ class Response:
         try:
             # A response cancelled before this task ran never reaches the pipeline (its id is aborted).
             chunks = self.session.pipeline.stream(request) if self.cancel_reason is None else _no_chunks()
+            self.submitted_at = time.monotonic()
+            if self.turn_end_at is not None:
+                _phase("turn_end_to_submit", self.submitted_at - self.turn_end_at)
             # aclosing: a task cancelled mid-stream aborts the request now, not when collected.
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
@@ -138,6 +146,8 @@ class Response:
         now = time.monotonic()
         if self.first_audio_at is None:
             self.first_audio_at = now
+            if self.submitted_at is not None:
+                _phase("submit_to_first_audio", now - self.submitted_at)
             self.session.state = "speaking"
             if not self.session.audio.paces_playout:
                 self._playout_started(now)
@@ -150,6 +160,8 @@ class Response:
 
     def _playout_started(self, now: float) -> None:
         self.playout_started_at = now
+        if self.first_audio_at is not None and self.session.audio.paces_playout:
+            _phase("first_audio_to_playout", now - self.first_audio_at)
         if self.turn_end_at is not None:
             metrics.VOICE_TO_VOICE_SECONDS.observe(now - self.turn_end_at)
             metrics.TURNS_TOTAL.inc()

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
+from prometheus_client import REGISTRY
 
 from duplex.outbound import FRAME_SAMPLES, OutboundAudioTrack, Playout
 from duplex.webrtc import CallPeer
@@ -152,3 +153,35 @@ async def test_loopback_pair_plays_pauses_resumes_and_flushes() -> None:
     finally:
         await client.close()
         await server.close()
+
+
+def underruns() -> float:
+    return REGISTRY.get_sample_value("duplex_outbound_underruns_total") or 0.0
+
+
+async def test_running_dry_mid_item_counts_underruns_until_the_item_ends() -> None:
+    clock = [0.0]
+    track = OutboundAudioTrack(clock=lambda: clock[0])
+
+    async def frame() -> None:
+        clock[0] += 0.02
+        await track.recv()
+
+    before = underruns()
+    track.enqueue("a", np.full(960 * 2, 1000, dtype=np.int16))
+    for _ in range(2):
+        await frame()
+    assert underruns() == before  # two full frames
+    await frame()
+    await frame()
+    assert underruns() == before + 2  # the item is still open: the model is late
+    track.pause()
+    await frame()
+    assert underruns() == before + 2  # a paused track is silent on purpose
+    track.resume()
+    track.enqueue("a", np.full(480, 1000, dtype=np.int16))
+    track.end_item("a")
+    await frame()  # half a frame, then the item's end: not an underrun
+    await frame()
+    assert underruns() == before + 2
+    track.stop()

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from duplex.outbound import OutboundAudioTrack
 from duplex.playout import PacedPlayout
@@ -134,6 +135,7 @@ async def test_barge_in_pauses_at_once_and_truncates_to_what_was_heard(pipeline:
 async def test_false_interruption_resumes_where_it_paused(pipeline: Coordinator) -> None:
     h = Harness(pipeline)
     await answered(h)
+    underruns = REGISTRY.get_sample_value("duplex_outbound_underruns_total") or 0.0
     total = h.audible_frames() + round(h.track.queued_seconds / 0.02)  # played + still queued
     await h.silence(75)
     word = speech("Hey", 16000, 0.0, 0.0)
@@ -148,6 +150,8 @@ async def test_false_interruption_resumes_where_it_paused(pipeline: Coordinator)
     assert abs(h.audible_frames() - total) <= 2
     assert "conversation.item.truncated" not in h.types()
     assert h.types().count("input_audio_buffer.speech_started") == 1
+    # The pause is deliberate silence, and the end of the answer is its end: no underrun.
+    assert (REGISTRY.get_sample_value("duplex_outbound_underruns_total") or 0.0) == underruns
     await h.session.close()
 
 

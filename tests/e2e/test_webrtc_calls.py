@@ -130,6 +130,9 @@ async def test_spoken_question_gets_a_spoken_answer(server: ServerProcess) -> No
     started_at = next(t for t, s, _ in call.peer.frames if np.abs(s).max() > 0.05)
     assert call.energy_between(started_at, started_at + 2.0) > 0.05
     assert server.metric("duplex_turns_total") >= 1
+    for phase in ("turn_end_to_submit", "submit_to_first_audio", "first_audio_to_playout"):
+        assert server.metric("duplex_response_phase_seconds_count", {"phase": phase}) >= 1
+    assert server.metric("duplex_outbound_frame_gap_seconds_count") > 50
     await hang_up(server, call)
     await wait_stages_idle(server)
 
