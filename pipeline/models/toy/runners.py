@@ -43,12 +43,34 @@ class _ThinkerState:
     never_stop: bool
 
 
-class ToyThinker:
+class _ToyAR:
+    """What the toy's autoregressive runners share: a simulated step time, one result per slot."""
+
     def __init__(self, ctx: StageContext) -> None:
         self._stage = ctx.stage.name
+        self._step_delay_s = float(ctx.stage.options.get("step_delay_s", 0.0))
+
+    def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
+        if self._step_delay_s:
+            time.sleep(self._step_delay_s)  # stands in for a model's forward pass
+        results = []
+        for slot in slots:
+            _check_fail(self._stage, slot.request_id, slot.params)
+            results.append(self._step_one(slot))
+        return results
+
+    def _step_one(self, slot: ARSlot) -> ARStepResult:
+        raise NotImplementedError
+
+    def release(self, slot: ARSlot) -> None:
+        slot.state = None
+
+
+class ToyThinker(_ToyAR):
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
         self._answer_tokens = int(ctx.stage.options.get("answer_tokens", 8))
         self._hidden_size = int(ctx.stage.options.get("hidden_size", 1024))
-        self._step_delay_s = float(ctx.stage.options.get("step_delay_s", 0.0))
 
     def new_state(self, payload: StagePayload) -> _ThinkerState:
         messages = payload.data.get("messages") or []
@@ -72,24 +94,15 @@ class ToyThinker:
     def output_cap(self, slot: ARSlot) -> int | None:
         return None
 
-    def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
-        if self._step_delay_s:
-            time.sleep(self._step_delay_s)
-        results = []
-        for slot in slots:
-            _check_fail(self._stage, slot.request_id, slot.params)
-            state: _ThinkerState = slot.state
-            token = answer_token(state.seed, slot.steps)
-            hidden = torch.full((self._hidden_size,), float(token), dtype=torch.float32)
-            last = slot.steps + 1 >= state.answer_tokens and not state.never_stop
-            results.append(ARStepResult({"token_id": token, "hidden": hidden}, finished=last))
-        return results
+    def _step_one(self, slot: ARSlot) -> ARStepResult:
+        state: _ThinkerState = slot.state
+        token = answer_token(state.seed, slot.steps)
+        hidden = torch.full((self._hidden_size,), float(token), dtype=torch.float32)
+        last = slot.steps + 1 >= state.answer_tokens and not state.never_stop
+        return ARStepResult({"token_id": token, "hidden": hidden}, finished=last)
 
     def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
         return {"tokens": slot.steps, "capped": capped}
-
-    def release(self, slot: ARSlot) -> None:
-        slot.state = None
 
 
 class ToyDetok:
@@ -112,11 +125,10 @@ class _TalkerState:
     never_stop: bool = False
 
 
-class ToyTalker:
+class ToyTalker(_ToyAR):
     def __init__(self, ctx: StageContext) -> None:
-        self._stage = ctx.stage.name
+        super().__init__(ctx)
         self._frames_per_token = int(ctx.stage.options.get("frames_per_token", 3))
-        self._step_delay_s = float(ctx.stage.options.get("step_delay_s", 0.0))
 
     def new_state(self, payload: StagePayload) -> _TalkerState:
         return _TalkerState(never_stop=bool(payload.params.get("toy_never_stop", False)))
@@ -138,27 +150,17 @@ class ToyTalker:
         """Frames tied to the text voiced so far: a runaway talker stops."""
         return len(slot.state.tokens) * self._frames_per_token + 1
 
-    def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
-        if self._step_delay_s:
-            time.sleep(self._step_delay_s)
-        results = []
-        for slot in slots:
-            _check_fail(self._stage, slot.request_id, slot.params)
-            state: _TalkerState = slot.state
-            if self._owed(state) <= 0 and not state.never_stop:
-                results.append(ARStepResult(None, finished=True))
-                continue
-            token = state.tokens[min(state.frames // self._frames_per_token, len(state.tokens) - 1)]
-            codes = torch.tensor([(token + i * 13 + state.frames) % 2048 for i in range(CODEBOOKS)])
-            state.frames += 1
-            results.append(ARStepResult({"codes": codes}))
-        return results
+    def _step_one(self, slot: ARSlot) -> ARStepResult:
+        state: _TalkerState = slot.state
+        if self._owed(state) <= 0 and not state.never_stop:
+            return ARStepResult(None, finished=True)
+        token = state.tokens[min(state.frames // self._frames_per_token, len(state.tokens) - 1)]
+        codes = torch.tensor([(token + i * 13 + state.frames) % 2048 for i in range(CODEBOOKS)])
+        state.frames += 1
+        return ARStepResult({"codes": codes})
 
     def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
         return {"frames": slot.state.frames, "capped": capped}
-
-    def release(self, slot: ARSlot) -> None:
-        slot.state = None
 
 
 @dataclass
