@@ -124,6 +124,11 @@ class Coordinator:
     def ready(self) -> bool:
         return self._all_ready.is_set() and self._broken is None
 
+    @property
+    def failure(self) -> str | None:
+        """Why the pipeline cannot serve any more (a stage crashed, it was closed), or None."""
+        return None if self._broken is None else str(self._broken)
+
     async def close(self) -> None:
         self._closed = True
         if self._broken is None:

@@ -16,10 +16,12 @@ router = APIRouter()
 async def healthz(request: Request) -> JSONResponse:
     state = app_state(request)
     body = {"status": "ok", "preset": state.settings.preset}
-    if state.pipeline is None or not state.pipeline.ready:
-        body["status"] = "error" if state.pipeline_error else "loading"
-        if state.pipeline_error:
-            body["error"] = state.pipeline_error
+    pipeline = state.pipeline
+    if pipeline is None or not pipeline.ready:
+        error = state.pipeline_error or (pipeline.failure if pipeline is not None else None)
+        body["status"] = "error" if error else "loading"
+        if error:
+            body["error"] = error
         return JSONResponse(body, status_code=503)
     return JSONResponse(body)
 
