@@ -95,6 +95,7 @@ class Coordinator:
         self._tokens = itertools.count(1)
         self._shm_by_stage: dict[str, int] = {}
         self._crashed: dict[str, str] = {}
+        self._casualties: set[str] = set()  # requests a crash failed, until every stage is back
         self._receiver: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -284,6 +285,8 @@ class Coordinator:
                 self._on_stats(message)
             case Ready(source=source):
                 self._ready_stages.add(source)
+                if source in self._crashed:
+                    self._on_recovered(source)
                 if self._ready_stages >= set(self._stages):
                     self._all_ready.set()
             case StageCrashed(source=source, error=error):
@@ -347,12 +350,17 @@ class Coordinator:
                 done.set_result(None)
 
     def on_stage_crashed(self, stage: str, error: str) -> None:
-        """A stage is gone: fail everything in flight, refuse new requests, stop waiting for it."""
+        """A stage is gone: fail everything in flight, refuse new requests, stop waiting for it.
+
+        The runner may restart the stage; its Ready then heals the pipeline (``_on_recovered``).
+        """
         log.error("stage %s crashed: %s", stage, error)
         self._crashed[stage] = error
+        self._ready_stages.discard(stage)
         if self._broken is None:
             self._broken = PipelineError(stage, f"stage crashed: {error}")
         for rid, flight in list(self._flights.items()):
+            self._casualties.add(rid)
             if not flight.finished:
                 flight.finished = True
                 flight.chunks.put_nowait(self._broken)
@@ -363,3 +371,18 @@ class Coordinator:
             if not waiting and not done.done():
                 done.set_result(None)
         self._all_ready.set()
+
+    def _on_recovered(self, stage: str) -> None:
+        """A restarted stage is Ready: serve again once no stage is down.
+
+        Messages for requests the crash failed may still reach the new process (ZMQ re-delivers
+        what it queued for the dead one), so it is told to forget every one of them.
+        """
+        log.warning("stage %s is back", stage)
+        del self._crashed[stage]
+        for rid in self._casualties:
+            self._endpoint.send(stage, Abort(rid))
+        if not self._crashed:
+            self._casualties.clear()
+            if not self._closed:
+                self._broken = None

@@ -135,3 +135,14 @@ async def test_a_killed_stage_process_fails_requests_with_a_clear_error() -> Non
         await asyncio.wait_for(coordinator.abort(request.request_id), 5)
         stats = await coordinator.stage_stats()
         assert set(stats) == {"talker", "code2wav"}  # the live stages still answer
+        # The runner restarts the dead process; once its stages are Ready the pipeline serves.
+        dead = coordinator.stage_pids["thinker"]
+        async with asyncio.timeout(60):
+            while not coordinator.ready:
+                await asyncio.sleep(0.05)  # readiness arrives as a message; nothing to await on
+        assert coordinator.stage_pids["thinker"] != dead
+        answer = await collect(coordinator, make_request(), timeout=20)
+        assert answer.text and len(answer.audio) and sorted(answer.finals) == ["code2wav", "decode"]
+        stats = await coordinator.stage_stats()
+        assert set(stats) == {"thinker", "decode", "talker", "code2wav"}
+        assert all(s.live_requests == 0 for s in stats.values()), stats
