@@ -12,7 +12,7 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +78,16 @@ def write_json(name: str, data: Any) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: cores, and how busy the machine was."""
+    return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
+
+
+def save_results(name: str, results: Any, plot: Callable[[Any, Path], Any]) -> None:
+    """``evaluation/results/<name>.json`` and ``<name>.png`` (drawn by ``plot``); prints both."""
+    json_path = write_json(name, results)
+    png_path = RESULTS_DIR / f"{name}.png"
+    plot(results, png_path)
+    print(f"\nwrote {json_path} and {png_path}")

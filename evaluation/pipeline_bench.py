@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from evaluation.bench_common import ROOT, RESULTS_DIR, format_table, run_in_loopback_namespace, write_json
+from evaluation.bench_common import ROOT, format_table, machine, run_in_loopback_namespace, save_results
 from evaluation.qwen3_load import frames_of, run_level, timed
 from pipeline.config import PipelineConfig, parse_pipeline_config, read_yaml
 from pipeline.models import StageContext
@@ -158,13 +158,10 @@ def main() -> None:
     results["pipeline"] = asyncio.run(pipeline_levels(config, args.rounds))
     results["reference"] = reference_run(config, args.reference_requests)
     add_ratios(results)
-    results["machine"] = {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
+    results["machine"] = machine()
     print(table(results))
     print(f"\npipeline startup {results['pipeline']['startup_s']} s; machine {results['machine']}")
-    json_path = write_json("pipeline_bench", results)
-    png_path = RESULTS_DIR / "pipeline_bench.png"
-    plot(results, png_path)
-    print(f"wrote {json_path} and {png_path}")
+    save_results("pipeline_bench", results, plot)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -32,11 +31,11 @@ import matplotlib
 import numpy as np
 
 from evaluation.bench_common import (
-    RESULTS_DIR,
     format_table,
+    machine,
     run_in_loopback_namespace,
+    save_results,
     summarize,
-    write_json,
 )
 from pipeline.config import PipelineConfig, parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
@@ -233,12 +232,9 @@ def main() -> None:
     args = parser.parse_args()
     run_in_loopback_namespace("evaluation.pipeline_overhead")
     results = asyncio.run(run(args.requests, args.aborts))
-    results["machine"] = {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
+    results["machine"] = machine()
     print(table(results))
-    json_path = write_json("pipeline_overhead", results)
-    png_path = RESULTS_DIR / "pipeline_overhead.png"
-    plot(results, png_path)
-    print(f"\nwrote {json_path} and {png_path}")
+    save_results("pipeline_overhead", results, plot)
 
 
 if __name__ == "__main__":
