@@ -23,8 +23,11 @@ class Item:
     text: str | None = None
     audio: np.ndarray | None = None  # float32 mono at ``sample_rate``
     sample_rate: int | None = None
-    # Assistant items: each transcript delta with the audio position (ms) at which its audio starts.
+    # Assistant items: each transcript delta with the audio position (ms) queued when it arrived
+    # (its audio starts there or later: text runs ahead of audio), and the length of the item's
+    # audio once the whole answer is generated.
     deltas: list[tuple[str, int]] = field(default_factory=list)
+    spoken_ms: int | None = None
     truncated_at_ms: int | None = None
 
     @property
@@ -50,8 +53,20 @@ class History:
         return self.items[-1].id if self.items else None
 
     def truncate(self, item: Item, audio_end_ms: int) -> None:
-        """Keep only the text whose audio started before ``audio_end_ms``."""
-        item.deltas = [(d, at) for d, at in item.deltas if at < audio_end_ms]
+        """Keep only the text of the audio the user heard, the first ``audio_end_ms`` of it.
+
+        When the whole answer's audio is known, its text spreads over it: the heard share of the
+        audio keeps that share of the text, to the end of the word being spoken. Before that, only
+        the text that arrived before the audio reached ``audio_end_ms`` can have been heard (text
+        runs ahead of audio, so this keeps more than was heard, never less).
+        """
+        if item.spoken_ms:
+            text = item.transcript
+            kept = _through_word(text, round(len(text) * min(1.0, audio_end_ms / item.spoken_ms)))
+            item.deltas = [(kept, 0)] if kept else []
+            item.spoken_ms = min(item.spoken_ms, audio_end_ms)
+        else:
+            item.deltas = [(d, at) for d, at in item.deltas if at < audio_end_ms]
         item.text = "".join(d for d, _ in item.deltas)
         item.truncated_at_ms = audio_end_ms
 
@@ -80,3 +95,13 @@ class History:
 
     def clear(self) -> None:
         self.items.clear()
+
+
+def _through_word(text: str, end: int) -> str:
+    """``text[:end]``, carried on to the end of the word it cuts (that word was being heard)."""
+    if end <= 0:
+        return ""
+    if end >= len(text) or text[end - 1].isspace():
+        return text[:end]
+    space = next((i for i in range(end, len(text)) if text[i].isspace()), len(text))
+    return text[:space]

@@ -105,6 +105,7 @@ class Response:
                     if self.speaks and audio is not None and len(audio):
                         self._on_audio(np.asarray(audio, dtype=np.float32), chunk.data["sample_rate"])
             self.generation_done = True
+            self.item.spoken_ms = self.audio_ms if self.speaks and self.audio_samples else None
             if self.speaks and self.audio_samples:
                 self.session.audio.end_item(self.item.id)
                 if self.session.audio.paces_playout:

@@ -127,6 +127,9 @@ async def test_barge_in_pauses_at_once_and_truncates_to_what_was_heard(pipeline:
     assert all(at < truncated["audio_end_ms"] for _, at in item.deltas)
     full = done["response"]["output"][0]["content"][0]["transcript"]
     assert full.startswith(item.transcript) and item.transcript
+    # The whole answer was generated: the heard share of its audio keeps that share of its text.
+    heard_share = truncated["audio_end_ms"] / (full.count(" ") * 3 * 80)  # 3 frames of 80 ms a word
+    assert abs(len(item.transcript) / len(full) - heard_share) <= 0.1, (item.transcript, heard_share)
     stats = await pipeline.stage_stats()
     assert all(s.live_requests == 0 for s in stats.values()), stats
     await h.session.close()

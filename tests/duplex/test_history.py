@@ -1,0 +1,44 @@
+"""What a truncated assistant turn keeps of its text."""
+
+from __future__ import annotations
+
+from duplex.history import History, Item
+
+
+def answer(spoken_ms: int | None) -> Item:
+    item = Item("item_a", "assistant", spoken_ms=spoken_ms)
+    item.deltas = [("Hello ", 0), ("there, ", 0), ("how ", 40), ("are ", 400), ("you?", 900)]
+    return item
+
+
+def test_a_fully_generated_answer_keeps_the_heard_share_through_the_word_being_spoken() -> None:
+    history = History(60)
+    item = history.add(answer(spoken_ms=2000))
+    history.truncate(item, 1100)  # 55 % of the audio: 14 of 25 characters, then the rest of "how"
+    assert item.transcript == "Hello there, how"
+    assert item.truncated_at_ms == 1100
+    history.truncate(item, 500)  # a second truncation cuts what is left (1100 ms), by the same rule
+    assert item.transcript == "Hello there,"
+
+
+def test_while_still_generating_only_text_that_preceded_the_heard_audio_is_kept() -> None:
+    history = History(60)
+    item = history.add(answer(spoken_ms=None))
+    history.truncate(item, 400)
+    assert item.transcript == "Hello there, how "
+    history.truncate(item, 0)
+    assert item.transcript == ""
+
+
+def test_messages_keep_newest_audio_within_the_budget_and_the_instructions_first() -> None:
+    import numpy as np
+
+    history = History(max_audio_s=1.5)
+    for i in range(3):
+        history.add(Item(f"u{i}", "user", audio=np.zeros(16000, np.float32), sample_rate=16000))
+    history.add(Item("a", "assistant", text="hi"))
+    messages = history.messages("Be brief.")
+    assert messages[0] == {"role": "system", "text": "Be brief.", "audio": None, "sample_rate": None}
+    audio = [m for m in messages if m["audio"] is not None]
+    assert len(audio) == 1  # only the newest second of user audio fits 1.5 s
+    assert messages[-1]["text"] == "hi"
