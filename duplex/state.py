@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from duplex.registry import SessionRegistry
-from duplex.settings import Preset
+from duplex.settings import Preset, ServerSettings
 from duplex.webrtc import IcePolicy
 from pipeline.coordinator import Coordinator
 
@@ -19,5 +19,10 @@ class AppState:
     pipeline_error: str | None = None  # why it could not start
 
     @property
-    def settings(self):  # noqa: ANN201 - ServerSettings; short alias used by every endpoint
+    def settings(self) -> ServerSettings:
         return self.preset.settings
+
+    def serving_pipeline(self) -> Coordinator | None:
+        """The pipeline when it serves; None while it loads, restarts a stage or after it failed."""
+        pipeline = self.pipeline
+        return pipeline if pipeline is not None and pipeline.ready else None

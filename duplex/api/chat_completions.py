@@ -36,8 +36,7 @@ from starlette.types import Receive, Scope, Send
 
 from duplex.api.auth import app_state, require_key
 from duplex.api.chat_request import ChatRequest, model_messages, parse_request
-from duplex.api.errors import APIError, error_body, read_body
-from duplex.api.realtime_calls import serving_pipeline
+from duplex.api.errors import APIError, error_body, read_body, require_pipeline
 from duplex.audio import Resampler, float_to_pcm16
 from duplex.realtime_audio import PCM_RATE, OutboundEncoder
 from pipeline.coordinator import PipelineError, PipelineOverloaded
@@ -225,7 +224,7 @@ async def _collect(completion: _Completion, first: OutputChunk | None, stream: _
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state = app_state(request)
-    pipeline = serving_pipeline(state)
+    pipeline = require_pipeline(state)
     body = await read_body(request)
     try:
         payload = json.loads(body)

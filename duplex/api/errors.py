@@ -9,6 +9,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from duplex.state import AppState
+from pipeline.coordinator import Coordinator
+
 MAX_BODY_BYTES = 25 * 1024 * 1024
 
 
@@ -58,6 +61,15 @@ HANDLERS = {
     StarletteHTTPException: _http_error,
     RequestValidationError: _validation_error,
 }
+
+
+def require_pipeline(state: AppState) -> Coordinator:
+    """The serving pipeline, or a 503 with Retry-After for an HTTP endpoint."""
+    pipeline = state.serving_pipeline()
+    if pipeline is None:
+        raise APIError(503, "the model pipeline is not ready", "pipeline_unavailable",
+                       kind="server_error", headers={"Retry-After": "5"})
+    return pipeline
 
 
 async def read_body(request: Request) -> bytes:

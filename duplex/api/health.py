@@ -17,7 +17,7 @@ async def healthz(request: Request) -> JSONResponse:
     state = app_state(request)
     body = {"status": "ok", "preset": state.settings.preset}
     pipeline = state.pipeline
-    if pipeline is None or not pipeline.ready:
+    if state.serving_pipeline() is None:
         error = state.pipeline_error or (pipeline.failure if pipeline is not None else None)
         body["status"] = "error" if error else "loading"
         if error:

@@ -15,22 +15,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from duplex.api.auth import app_state, require_key
-from duplex.api.errors import MAX_BODY_BYTES, APIError, read_body
+from duplex.api.errors import MAX_BODY_BYTES, APIError, read_body, require_pipeline
 from duplex.call import WebRTCCall
 from duplex.realtime import RealtimeError, apply_session_update
 from duplex.registry import TooManySessions
-from duplex.state import AppState
 from duplex.webrtc import SdpError
 
 log = logging.getLogger(__name__)
 router = APIRouter(dependencies=[Depends(require_key)])
-
-
-def serving_pipeline(state: AppState):  # noqa: ANN201 - the Coordinator, or a 503
-    if state.pipeline is None or not state.pipeline.ready:
-        raise APIError(503, "the model pipeline is not ready", "pipeline_unavailable",
-                       kind="server_error", headers={"Retry-After": "5"})
-    return state.pipeline
 
 
 async def _offer(request: Request) -> tuple[str, dict[str, Any] | None]:
@@ -66,7 +58,7 @@ async def _offer(request: Request) -> tuple[str, dict[str, Any] | None]:
 @router.post("/v1/realtime/calls", status_code=201)
 async def create_call(request: Request) -> Response:
     state = app_state(request)
-    pipeline = serving_pipeline(state)
+    pipeline = require_pipeline(state)
     sdp, session = await _offer(request)
     call = WebRTCCall(state.settings, state.policy, pipeline, state.registry, state.settings.preset)
     if session is not None:

@@ -46,8 +46,8 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
         log.info("realtime websocket refused: missing or invalid API key")
         await websocket.close(CLOSE_POLICY_VIOLATION, "missing or invalid API key")
         return
-    pipeline = state.pipeline
-    if pipeline is None or not pipeline.ready:
+    pipeline = state.serving_pipeline()
+    if pipeline is None:
         await _refuse(websocket, "the model pipeline is not ready", "pipeline_unavailable")
         return
     connection = WebSocketSession(websocket, state.settings, pipeline, state.registry,
