@@ -20,11 +20,11 @@ from fastapi.staticfiles import StaticFiles
 
 from duplex.api import routers
 from duplex.api.errors import HANDLERS
+from duplex.app_state import AppState
 from duplex.logs import setup_logging
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, load_preset
-from duplex.state import AppState
-from duplex.webrtc import IcePolicy, parse_ice_server
+from duplex.transports.webrtc.ice import IcePolicy, parse_ice_server
 from pipeline.config import ConfigError
 from pipeline.runner import start_pipeline
 

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from duplex.session.config import SessionConfig
+from duplex.turns.config import TurnDetection
 from pipeline.config import ConfigError, PipelineConfig, parse_pipeline_config, read_yaml
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -28,15 +30,19 @@ class SessionDefaults(BaseModel):
 
     instructions: str = "You are a helpful voice assistant. Answer briefly."
     voice: str = "default"
-    vad_threshold: float = Field(default=0.5, gt=0, lt=1)
-    prefix_padding_ms: int = Field(default=300, ge=0)
-    silence_duration_ms: int = Field(default=500, ge=100)
+    turn_detection: TurnDetection = Field(default_factory=TurnDetection)
     interrupt_min_speech_ms: int = Field(default=200, ge=0)
     echo_guard_threshold: float = Field(default=0.7, gt=0, lt=1)
     echo_guard_ms: int = Field(default=1000, ge=0)
     inbound_media_timeout_s: float = Field(default=10.0, gt=0)
     max_input_audio_s: float = Field(default=120.0, gt=0)
     max_output_tokens: int | None = Field(default=None, ge=1)
+
+    def session_config(self) -> SessionConfig:
+        """A new session's settings, before any ``session.update``."""
+        return SessionConfig(instructions=self.instructions, voice=self.voice,
+                             max_output_tokens=self.max_output_tokens,
+                             turn_detection=self.turn_detection)
 
 
 class ServerSettings(BaseModel):

@@ -50,7 +50,7 @@ from evaluation.bench_common import RESULTS_DIR, ROOT, run_in_loopback_namespace
 from evaluation.duplex_analysis import Probe
 from evaluation.duplex_plots import plot
 from evaluation.duplex_report import Phase
-from tests.server import ServerProcess, _wait_healthy, free_port
+from harness.server import ServerProcess, _wait_healthy, free_port
 
 NAME = "duplex_bench"
 IDLE_SECONDS = 3.0

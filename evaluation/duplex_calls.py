@@ -18,12 +18,12 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from duplex.audio import float_to_pcm16
-from duplex.outbound import OutboundAudioTrack, Playout
-from tests.duplex.peers import ClientPeer
-from tests.e2e.test_webrtc_calls import TIMEOUT, Call, audible_seconds, hang_up, wait_stages_idle
-from tests.server import ServerProcess
-from tests.speech import speech
+from duplex.media.paced_track import OutboundAudioTrack, TrackEvent
+from duplex.media.pcm import float_to_pcm16
+from harness.calls import TIMEOUT, Call, audible_seconds, hang_up, wait_stages_idle
+from harness.peers import ClientPeer
+from harness.server import ServerProcess
+from harness.speech import speech
 
 QUESTION = "What time is it?"
 INTERRUPTION = "Wait, stop."
@@ -64,7 +64,7 @@ class TimedMic(OutboundAudioTrack):
         self.enqueue(item, float_to_pcm16(samples))
         return utterance
 
-    def _on_playout(self, playout: Playout) -> None:
+    def _on_playout(self, playout: TrackEvent) -> None:
         now = time.monotonic()
         if playout.kind == "started":
             self._pending[playout.item_id].started.set_result(now)

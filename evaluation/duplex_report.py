@@ -14,7 +14,7 @@ from evaluation.bench_common import format_table, summarize
 from evaluation.duplex_calls import scrape_metrics
 from evaluation.proc_cpu import CpuSample
 from pipeline.config import PipelineConfig
-from tests.server import ServerProcess
+from harness.server import ServerProcess
 
 PACING_BUDGET_MS = 25.0
 STOP_BUDGET_MS = 100.0

@@ -28,7 +28,13 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from evaluation.bench_common import ROOT, format_table, machine, run_in_loopback_namespace, save_results
+from evaluation.bench_common import (
+    ROOT,
+    format_table,
+    machine,
+    run_in_loopback_namespace,
+    save_results,
+)
 from evaluation.qwen3_load import frames_of, run_level, timed
 from pipeline.config import PipelineConfig, parse_pipeline_config, read_yaml
 from pipeline.models import StageContext
@@ -39,7 +45,7 @@ from pipeline.models.qwen3_omni.talker import TalkerOptions, step_cap
 from pipeline.proto import StagePayload
 from pipeline.runner import start_pipeline
 from pipeline.scheduling.base import BatchItem
-from tests.speech import speech
+from harness.speech import speech
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend

@@ -32,8 +32,8 @@ from typing import IO, Any
 import numpy as np
 
 from duplex import serve
-from duplex.outbound import OutboundAudioTrack
-from duplex.webrtc import CallPeer
+from duplex.media.paced_track import OutboundAudioTrack
+from duplex.transports.webrtc.peer import CallPeer
 from pipeline.coordinator import Coordinator
 from pipeline.proto import OmniRequest, OutputChunk
 

@@ -16,9 +16,10 @@ import time
 import av
 import numpy as np
 
-from duplex.audio import FrameResampler, float_to_pcm16
-from duplex.vad import TurnDetector
-from tests.speech import speech
+from duplex.media.pcm import float_to_pcm16
+from duplex.media.resample import FrameResampler
+from duplex.turns.server_vad import TurnDetector
+from harness.speech import speech
 
 TEXT = ("I would like to know whether the train to the airport leaves on time tomorrow morning, "
         "and whether I can bring a bicycle on board.")

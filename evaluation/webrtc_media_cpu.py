@@ -18,12 +18,12 @@ import time
 
 import numpy as np
 
-from duplex.audio import float_to_pcm16
-from duplex.webrtc import CallPeer
+from duplex.media.pcm import float_to_pcm16
+from duplex.transports.webrtc.peer import CallPeer
 from evaluation.bench_common import run_in_loopback_namespace, write_json
-from tests.duplex.peers import LOOPBACK, ClientPeer, Recorder
-from tests.e2e.mic import ScriptedMic
-from tests.speech import speech
+from harness.peers import LOOPBACK, ClientPeer, Recorder
+from harness.mic import ScriptedMic
+from harness.speech import speech
 
 TEXT = "Hello there. Could you tell me what the weather will be like tomorrow?"
 

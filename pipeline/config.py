@@ -61,6 +61,9 @@ class PipelineConfig(BaseModel):
     stages: list[StageConfig] = Field(min_length=1)
     max_in_flight: int = Field(default=16, ge=1)
     abort_timeout_s: float = Field(default=5.0, gt=0)
+    restart_delay_s: float = Field(
+        default=0.5, gt=0, description="first delay before a dead stage process is started again"
+    )
     # Below ~64 KiB a copy through the ZMQ socket is cheaper than a segment (create, write, read,
     # unlink and a release message): measured by evaluation/pipeline_overhead.py's payload rows.
     shm_threshold_bytes: int = Field(

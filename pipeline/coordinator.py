@@ -15,13 +15,13 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from pipeline import metrics
 from pipeline.config import PipelineConfig
 from pipeline.proto import (
+    COORDINATOR,
     Abort,
     AbortAck,
     ControlMessage,
@@ -29,15 +29,15 @@ from pipeline.proto import (
     OmniRequest,
     OutputChunk,
     Ready,
+    RecentIds,
     Shutdown,
     StageCrashed,
-    StageStats,
     StagePayload,
+    StageStats,
     StatsRequest,
     StreamChunk,
     StreamDone,
     Submit,
-    COORDINATOR,
 )
 from pipeline.transport.base import Endpoint
 
@@ -86,7 +86,7 @@ class Coordinator:
         self._stages = [s.name for s in config.stages]
         self._flights: dict[str, _Flight] = {}
         self._aborts: dict[str, _Abort] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._ended = RecentIds(ENDED_MEMORY)
         self._ready_stages: set[str] = set()
         self._all_ready = asyncio.Event()
         self._broken: PipelineError | None = None
@@ -215,7 +215,7 @@ class Coordinator:
         finally:
             if self._aborts.get(request_id) is pending:
                 del self._aborts[request_id]
-                self._remember_ended(request_id)
+                self._ended.add(request_id)
 
     def _broadcast_abort(self, request_id: str) -> _Abort:
         """Send the abort to every live stage now; ``abort`` waits for the acks and cleans up."""
@@ -251,14 +251,8 @@ class Coordinator:
 
     def _end(self, rid: str) -> None:
         self._flights.pop(rid, None)
-        self._remember_ended(rid)
+        self._ended.add(rid)
         metrics.PIPELINE_REQUESTS_ACTIVE.set(len(self._flights))
-
-    def _remember_ended(self, rid: str) -> None:
-        self._ended[rid] = None
-        self._ended.move_to_end(rid)
-        while len(self._ended) > ENDED_MEMORY:
-            self._ended.popitem(last=False)
 
     def _dead_stages(self) -> set[str]:
         return set(self._crashed)

@@ -12,6 +12,8 @@ acknowledged (see ``pipeline.transport.shm``).
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +54,10 @@ class StagePayload:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+MergeFn = Callable[[dict[str, StagePayload]], StagePayload]
+"""Fan-in: merges the payloads from each ``wait_for`` source (keyed by source stage) into one."""
+
+
 @dataclass
 class OutputChunk:
     """A piece of a terminal stage's output, as the coordinator hands it to clients.
@@ -64,6 +70,30 @@ class OutputChunk:
     stage: str
     data: dict[str, Any]
     final: bool = False
+
+
+class RecentIds:
+    """The ``capacity`` most recently added request ids (a bounded set), oldest forgotten first.
+
+    The coordinator and every stage keep one for requests that ended there, so that late data
+    for them is dropped instead of recreating state. Owned by one thread.
+    """
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, rid: str) -> None:
+        self._ids[rid] = None
+        self._ids.move_to_end(rid)
+        while len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
 
 
 # --- control messages -------------------------------------------------------------------------

@@ -5,11 +5,9 @@ process (spawned, so no model state is inherited), with a ZMQ control plane and 
 tensors; model compute then never shares a GIL with the event loop that paces audio.
 ``mode="inproc"`` runs every stage in this process on asyncio queues (tests, benchmarks).
 
-The runner owns the stage processes or tasks and the IPC directory; ``Coordinator.close`` stops and
-removes them (through the coordinator's ``shutdown_hook``). A stage process that dies is reported to
-the coordinator, which fails what is in flight with a clear error and refuses new requests; the
-runner then starts the process again (with a growing delay while it keeps dying), and the
-coordinator serves again once the new process's stages are Ready.
+The runner owns the stage tasks, or the IPC directory and the ProcessSupervisor (which starts,
+watches and restarts the stage processes); ``Coordinator.close`` stops and removes them (through the
+coordinator's ``shutdown_hook``).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import multiprocessing
 import os
 import shutil
 import sys
@@ -32,9 +29,9 @@ from pipeline.models import ModelSpec, StageContext, resolve
 from pipeline.proto import COORDINATOR, StageCrashed
 from pipeline.scheduling import build_scheduler
 from pipeline.stage import Stage
+from pipeline.supervisor import ProcessSupervisor
 from pipeline.transport.base import Endpoint
 from pipeline.transport.inproc import InprocHub
-from pipeline.transport.shm import remove_segments_of
 from pipeline.transport.zmq_ipc import ZmqEndpoint
 
 log = logging.getLogger(__name__)
@@ -42,9 +39,6 @@ log = logging.getLogger(__name__)
 Mode = Literal["inproc", "process"]
 LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 _JOIN_TIMEOUT_S = 10.0
-RESTART_FIRST_DELAY_S = 0.5  # a dead stage process comes back after this, doubling while it
-RESTART_MAX_DELAY_S = 30.0  # keeps dying (up to this), and from the first delay again once it
-RESTART_RESET_S = 60.0  # has lived this long
 
 
 def _build_stage(config: PipelineConfig, spec: ModelSpec, stage: StageConfig, endpoint: Endpoint) -> Stage:
@@ -106,81 +100,15 @@ def _start_processes(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
         config, ZmqEndpoint(COORDINATOR, directory, config.shm_threshold_bytes), spec.output_sample_rate
     )
     coordinator.start()
-    context = multiprocessing.get_context("spawn")
-    loop = asyncio.get_running_loop()
-    processes: dict[str, multiprocessing.process.BaseProcess] = {}
-    crashes: dict[str, tuple[int, float]] = {}  # group -> (crashes in a row, time of the last)
-    restarts: set[asyncio.Task[None]] = set()
-    stopping = False
-
-    def spawn(group: str) -> None:
-        process = context.Process(
-            target=serve_stage_group,
-            args=(config, group, str(directory), spec),
-            name=f"duplex-stage-{group}",
-            daemon=True,
-        )
-        process.start()
-        processes[group] = process
-        loop.add_reader(process.sentinel, on_exit, group)
-        for stage in config.process_groups[group]:
-            coordinator.stage_pids[stage.name] = process.pid
-
-    def on_exit(group: str) -> None:
-        process = processes[group]
-        loop.remove_reader(process.sentinel)
-        if stopping:
-            return
-        process.join()
-        for stage in config.process_groups[group]:
-            coordinator.on_stage_crashed(
-                stage.name, f"process {group!r} (pid {process.pid}) exited with code {process.exitcode}"
-            )
-        if process.pid is not None:
-            remove_segments_of(process.pid)
-        task = loop.create_task(restart(group))
-        restarts.add(task)
-        task.add_done_callback(restarts.discard)
-
-    async def restart(group: str) -> None:
-        """Bring a dead stage process back, waiting longer each time it dies again soon."""
-        count, last = crashes.get(group, (0, 0.0))
-        now = loop.time()
-        count = 0 if now - last > RESTART_RESET_S else count
-        crashes[group] = (count + 1, now)
-        delay = min(RESTART_MAX_DELAY_S, RESTART_FIRST_DELAY_S * 2**count)
-        log.warning("restarting stage process %r in %.1f s", group, delay)
-        await asyncio.sleep(delay)
-        if not stopping:
-            spawn(group)
-
-    for group in config.process_groups:
-        spawn(group)
-    log.info("stage processes: %s", {g: p.pid for g, p in processes.items()})
+    supervisor = ProcessSupervisor(config, coordinator, serve_stage_group, (str(directory), spec))
+    supervisor.start()
 
     async def shutdown() -> None:
-        nonlocal stopping
-        stopping = True
-        for task in restarts:
-            task.cancel()
-        for process in processes.values():
-            loop.remove_reader(process.sentinel)
-        await asyncio.gather(*(asyncio.to_thread(_stop, p) for p in processes.values()))
-        for process in processes.values():
-            if process.pid is not None:
-                remove_segments_of(process.pid)
+        await supervisor.stop()
         shutil.rmtree(directory, ignore_errors=True)
 
     coordinator.shutdown_hook = shutdown
     return coordinator
-
-
-def _stop(process: multiprocessing.process.BaseProcess) -> None:
-    process.join(_JOIN_TIMEOUT_S)
-    if process.is_alive():
-        log.error("stage process %s did not stop; killing it", process.name)
-        process.kill()
-        process.join()
 
 
 # --- inside a stage process ------------------------------------------------------------------

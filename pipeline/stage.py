@@ -23,30 +23,36 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import StageConfig
-from pipeline.models import MergeFn
 from pipeline.proto import (
     COORDINATOR,
     Abort,
     AbortAck,
     ControlMessage,
     Failed,
+    MergeFn,
     Ready,
+    RecentIds,
     Shutdown,
     StageCrashed,
-    StageStats,
     StagePayload,
+    StageStats,
     StatsRequest,
     StreamChunk,
     StreamDone,
     Submit,
 )
-from pipeline.scheduling.base import RequestFailure, Scheduler, StageOutput, StepResult, describe_error
+from pipeline.scheduling.base import (
+    RequestFailure,
+    Scheduler,
+    StageOutput,
+    StepResult,
+    describe_error,
+)
 from pipeline.transport.base import Endpoint
 
 log = logging.getLogger(__name__)
@@ -70,22 +76,6 @@ class _Command:
     run: Callable[[], None]
 
 
-class _Tombstones:
-    """The most recent ``GONE_MEMORY`` ended request ids (owned by one thread)."""
-
-    def __init__(self) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def __contains__(self, rid: object) -> bool:
-        return rid in self._ids
-
-    def add(self, rid: str) -> None:
-        self._ids[rid] = None
-        self._ids.move_to_end(rid)
-        while len(self._ids) > GONE_MEMORY:
-            self._ids.popitem(last=False)
-
-
 class Stage:
     def __init__(
         self,
@@ -100,8 +90,8 @@ class Stage:
         self._endpoint = endpoint
         self._merge = merge
         self._active: dict[str, _Request] = {}
-        self._gone = _Tombstones()
-        self._ended = _Tombstones()
+        self._gone = RecentIds(GONE_MEMORY)
+        self._ended = RecentIds(GONE_MEMORY)
         self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduler_live = 0

@@ -12,7 +12,7 @@ import hmac
 from fastapi import Request, WebSocket
 
 from duplex.api.errors import APIError
-from duplex.state import AppState
+from duplex.app_state import AppState
 
 SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 

@@ -37,8 +37,9 @@ from starlette.types import Receive, Scope, Send
 from duplex.api.auth import app_state, require_key
 from duplex.api.chat_request import ChatRequest, model_messages, parse_request
 from duplex.api.errors import APIError, error_body, read_body, require_pipeline
-from duplex.audio import Resampler, float_to_pcm16
-from duplex.realtime_audio import PCM_RATE, OutboundEncoder
+from duplex.media.pcm import float_to_pcm16
+from duplex.media.resample import Resampler
+from duplex.protocol.wire_audio import PCM_RATE, OutboundEncoder
 from pipeline.coordinator import PipelineError, PipelineOverloaded
 from pipeline.proto import OmniRequest, OutputChunk
 

@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from duplex.api.errors import APIError
-from duplex.audio import Resampler
+from duplex.media.resample import Resampler
 
 MODEL_RATE = 16000
 

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from duplex.state import AppState
+from duplex.app_state import AppState
 from pipeline.coordinator import Coordinator
 
 MAX_BODY_BYTES = 25 * 1024 * 1024

@@ -16,10 +16,11 @@ from fastapi.responses import Response
 
 from duplex.api.auth import app_state, require_key
 from duplex.api.errors import MAX_BODY_BYTES, APIError, read_body, require_pipeline
-from duplex.call import WebRTCCall
-from duplex.realtime import RealtimeError, apply_session_update
+from duplex.protocol.events import RealtimeError
+from duplex.protocol.session_update import apply_session_update
 from duplex.registry import TooManySessions
-from duplex.webrtc import SdpError
+from duplex.transports.webrtc.call import WebRTCCall
+from duplex.transports.webrtc.sdp import SdpError
 
 log = logging.getLogger(__name__)
 router = APIRouter(dependencies=[Depends(require_key)])

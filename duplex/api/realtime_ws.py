@@ -7,7 +7,7 @@ OpenAI's) so that a refusal can carry a close code the client sees, before any e
 - the pipeline still loading, or the server at ``max_sessions`` → an ``error`` event, then
   close 1013 (try again later).
 
-Otherwise the connection becomes a WebSocketSession until the client leaves. The ``model`` query
+Otherwise the connection becomes a WebSocketConnection until the client leaves. The ``model`` query
 parameter (OpenAI's SDKs always send one) is accepted whatever it names and echoed as
 ``session.model``; the preset decides which model answers. Messages larger than 16 MiB are refused
 by uvicorn itself (``ws_max_size`` in serve.py), which closes with 1009.
@@ -21,10 +21,10 @@ import logging
 from fastapi import APIRouter, WebSocket
 
 from duplex.api.auth import websocket_key_ok, websocket_subprotocol
-from duplex.realtime import error_event
+from duplex.app_state import AppState
+from duplex.protocol.events import error_event
 from duplex.registry import TooManySessions
-from duplex.state import AppState
-from duplex.websocket_session import WebSocketSession
+from duplex.transports.websocket import WebSocketConnection
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -50,7 +50,7 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     if pipeline is None:
         await _refuse(websocket, "the model pipeline is not ready", "pipeline_unavailable")
         return
-    connection = WebSocketSession(websocket, state.settings, pipeline, state.registry,
+    connection = WebSocketConnection(websocket, state.settings, pipeline, state.registry,
                                   model or state.settings.preset)
     try:
         connection.admit()

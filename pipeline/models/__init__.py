@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import ConfigError, PipelineConfig, StageConfig
-from pipeline.proto import StagePayload
+from pipeline.proto import MergeFn
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,6 @@ class StageContext:
 
 StageFactory = Callable[[StageContext], Any]
 """Builds the runner for one stage (a BatchRunner, ARRunner or VocoderRunner, per its scheduler)."""
-
-MergeFn = Callable[[dict[str, StagePayload]], StagePayload]
-"""Fan-in: merges the payloads from each ``wait_for`` source (keyed by source stage) into one."""
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,10 @@ class ARScheduler:
         self._runner.close_input(slot, payload)
 
     def abort(self, request_id: str) -> None:
+        self._release(request_id)
+
+    def _release(self, request_id: str) -> None:
+        """Free a request's slot: it finished, failed or was aborted."""
         slot = self._slots.pop(request_id, None)
         if slot is not None:
             self._runner.release(slot)
@@ -87,12 +91,12 @@ class ARScheduler:
                     log.info("request %s: output cap %d reached", slot.request_id, cap)
                 final = self._runner.finish(slot, capped=capped)
                 outputs.append(StageOutput(slot.request_id, final or {}, final=True))
-                self.abort(slot.request_id)
+                self._release(slot.request_id)
         return outputs
 
     def _fail(self, slot: ARSlot, err: BaseException) -> RequestFailure:
         log.warning("request %s failed: %s", slot.request_id, describe_error(err))
-        self.abort(slot.request_id)
+        self._release(slot.request_id)
         return RequestFailure(slot.request_id, describe_error(err))
 
     def live_requests(self) -> int:

@@ -40,6 +40,10 @@ class SimpleScheduler:
         self._queue.append(BatchItem(payload, final=True))
 
     def abort(self, request_id: str) -> None:
+        self._release(request_id)
+
+    def _release(self, request_id: str) -> None:
+        """Drop a request's queued items and open stream: it failed or was aborted."""
         self._queue = deque(i for i in self._queue if i.payload.request_id != request_id)
         self._open_streams.discard(request_id)
 
@@ -65,7 +69,7 @@ class SimpleScheduler:
                 (data,) = self._runner.run([item])
             except Exception as err:  # noqa: BLE001 - reported as this request's failure
                 failed.add(rid)
-                self.abort(rid)
+                self._release(rid)
                 results.append(RequestFailure(rid, describe_error(err)))
                 log.warning("request %s failed: %s", rid, describe_error(err))
                 continue

@@ -64,6 +64,10 @@ class VocoderScheduler:
         stream.closed = True
 
     def abort(self, request_id: str) -> None:
+        self._release(request_id)
+
+    def _release(self, request_id: str) -> None:
+        """Free a request's causal state: its final decode ran, it failed, or it was aborted."""
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             self._runner.release(stream.state)
@@ -88,13 +92,13 @@ class VocoderScheduler:
                 data = self._runner.decode(stream.state, chunk, final)
             except Exception as err:  # noqa: BLE001 - fails this request only
                 log.warning("request %s failed: %s", rid, describe_error(err))
-                self.abort(rid)
+                self._release(rid)
                 outputs.append(RequestFailure(rid, describe_error(err)))
                 continue
             stream.decodes += 1
             outputs.append(StageOutput(rid, data, final=final))
             if final:
-                self.abort(rid)
+                self._release(rid)
         return outputs
 
     def live_requests(self) -> int:

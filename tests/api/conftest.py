@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.server import ServerProcess, run_server, write_preset
 from tests.api.helpers import API_KEY, MAX_SESSIONS, PIPELINE
-from tests.server import ServerProcess, run_server, write_preset
 
 
 @pytest.fixture(scope="package")

@@ -19,8 +19,8 @@ import yaml
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed
 
-from tests.duplex.peers import Changes
-from tests.server import ROOT, ServerProcess
+from harness.peers import Changes
+from harness.server import ROOT, ServerProcess
 
 API_KEY = "sk-duplex-test"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

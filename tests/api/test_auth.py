@@ -12,8 +12,8 @@ from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from harness.server import ServerProcess
 from tests.api.helpers import API_KEY, SHORT_ANSWER, realtime
-from tests.server import ServerProcess
 
 PROTECTED = [("POST", "/v1/chat/completions"), ("GET", "/metrics"), ("POST", "/v1/realtime/calls"),
              ("POST", "/v1/realtime/calls/rtc_x/hangup")]

@@ -16,6 +16,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from harness.server import ServerProcess
+from harness.speech import speech_wav
 from pipeline.models.toy.runners import answer_token
 from tests.api.helpers import (
     API_KEY,
@@ -29,8 +31,6 @@ from tests.api.helpers import (
     pipeline_idle,
     rms,
 )
-from tests.server import ServerProcess
-from tests.speech import speech_wav
 
 MODEL = "gpt-4o-audio-preview"
 SPEAK_PCM16 = {"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}

@@ -17,6 +17,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from harness.server import ServerProcess, run_server, write_preset
 from tests.api.helpers import (
     API_KEY,
     AUTH,
@@ -26,7 +27,6 @@ from tests.api.helpers import (
     toy_pipeline,
     user_text,
 )
-from tests.server import ServerProcess, run_server, write_preset
 
 FAILING = toy_pipeline(code2wav={"runner": "relay"}, talker={"options": {"step_delay_s": 1.0}})
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Hello?"}],

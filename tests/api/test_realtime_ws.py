@@ -14,10 +14,13 @@ import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from duplex.audio import alaw_decode, ulaw_decode
+from duplex.media.pcm import alaw_decode, ulaw_decode
+from harness.calls import assert_subsequence
+from harness.server import ServerProcess
+from harness.speech import speech, speech_wav
 from tests.api.helpers import (
-    MAX_SESSIONS,
     FULL_ANSWER_SAMPLES,
+    MAX_SESSIONS,
     PCM_RATE,
     SHORT_ANSWER,
     RealtimeClient,
@@ -31,9 +34,6 @@ from tests.api.helpers import (
     rms,
     user_text,
 )
-from tests.e2e.test_webrtc_calls import assert_subsequence
-from tests.server import ServerProcess
-from tests.speech import speech, speech_wav
 
 QUESTION = "Hello there. Could you tell me what the weather will be like tomorrow?"
 FOLLOW_UP = "And what about the day after that?"

@@ -8,8 +8,8 @@ import av
 import numpy as np
 import pytest
 
-from duplex import audio
-from tests.speech import speech
+from duplex.media import pcm, resample
+from harness.speech import speech
 
 
 def tone(rate: int, seconds: float, hz: float = 440.0, amplitude: float = 0.5) -> np.ndarray:
@@ -37,8 +37,8 @@ def decoded_frames(samples: np.ndarray, rate: int) -> list[av.AudioFrame]:
 
 
 def test_opus_frames_become_16k_mono_float_at_unity_gain() -> None:
-    mono = audio.float_to_pcm16(tone(48000, 1.0, amplitude=0.5))
-    resampler = audio.FrameResampler(16000)
+    mono = pcm.float_to_pcm16(tone(48000, 1.0, amplitude=0.5))
+    resampler = resample.FrameResampler(16000)
     chunks = [resampler.push(f) for f in decoded_frames(np.stack([mono, mono], axis=1), 48000)]
     out = np.concatenate(chunks)
 
@@ -52,17 +52,17 @@ def test_opus_frames_become_16k_mono_float_at_unity_gain() -> None:
 
 
 def test_frame_resampler_follows_the_negotiated_codec_rate() -> None:
-    resampler = audio.FrameResampler(16000)
+    resampler = resample.FrameResampler(16000)
     for rate in (8000, 48000, 16000):  # G.711, Opus (mono here), G.722
-        pcm = audio.float_to_pcm16(tone(rate, 0.5, hz=300))
-        out = np.concatenate([resampler.push(f) for f in decoded_frames(pcm, rate)])
+        samples = pcm.float_to_pcm16(tone(rate, 0.5, hz=300))
+        out = np.concatenate([resampler.push(f) for f in decoded_frames(samples, rate)])
         assert 8000 - 64 < len(out) <= 8000  # minus the filter delay
         assert abs(dominant_hz(out, 16000) - 300) < 4
 
 
 def test_stereo_downmix_averages_channels() -> None:
-    left = audio.float_to_pcm16(tone(48000, 0.5, amplitude=0.8))
-    resampler = audio.Resampler(48000, 16000, in_dtype=np.int16, in_channels=2)
+    left = pcm.float_to_pcm16(tone(48000, 0.5, amplitude=0.8))
+    resampler = resample.Resampler(48000, 16000, in_dtype=np.int16, in_channels=2)
     out = np.concatenate([resampler.push(np.stack([left, np.zeros_like(left)], axis=1)),
                           resampler.flush()])
     assert np.max(np.abs(out)) == pytest.approx(0.4, abs=0.01)
@@ -70,13 +70,13 @@ def test_stereo_downmix_averages_channels() -> None:
 
 def test_model_output_to_48k_and_back_round_trips() -> None:
     source = speech("Round trip through the resampler.", 24000)
-    up = audio.webrtc_outbound(24000)
+    up = resample.webrtc_outbound(24000)
     # Arbitrary chunk sizes, as code2wav streams them.
     pieces = np.array_split(source, [1000, 1001, 5000, 12345, 30000])
     at48 = np.concatenate([up.push(p) for p in pieces] + [up.flush()])
     assert at48.dtype == np.int16 and len(at48) == 2 * len(source)
 
-    down = audio.Resampler(48000, 24000, in_dtype=np.int16)
+    down = resample.Resampler(48000, 24000, in_dtype=np.int16)
     back = np.concatenate([down.push(at48), down.flush()])
     assert len(back) == len(source)
     # The two filters delay the signal by a few samples; line it up before comparing.
@@ -88,7 +88,7 @@ def test_model_output_to_48k_and_back_round_trips() -> None:
 
 
 def test_flush_rearms_for_the_next_utterance() -> None:
-    resampler = audio.webrtc_outbound(24000)
+    resampler = resample.webrtc_outbound(24000)
     for seconds in (0.31, 0.5):
         chunk = tone(24000, seconds)
         out = np.concatenate([resampler.push(chunk), resampler.flush()])
@@ -97,7 +97,7 @@ def test_flush_rearms_for_the_next_utterance() -> None:
 
 def test_frame_size_gives_whole_frames() -> None:
     # 8 kHz 20 ms frames as RTP G.711 wants them, from 16 kHz model-rate audio.
-    resampler = audio.Resampler(16000, 8000, out_dtype=np.int16, frame_size=160)
+    resampler = resample.Resampler(16000, 8000, out_dtype=np.int16, frame_size=160)
     lengths = [len(resampler.push(chunk)) for chunk in np.array_split(tone(16000, 1.0), 7)]
     tail = resampler.flush()
     assert all(n % 160 == 0 for n in lengths)
@@ -105,7 +105,7 @@ def test_frame_size_gives_whole_frames() -> None:
 
 
 def test_mono_to_stereo_copies_the_channel() -> None:
-    resampler = audio.Resampler(24000, 48000, out_dtype=np.int16, out_channels=2)
+    resampler = resample.Resampler(24000, 48000, out_dtype=np.int16, out_channels=2)
     out = np.concatenate([resampler.push(tone(24000, 0.2)), resampler.flush()])
     assert out.shape == (9600, 2)
     assert np.array_equal(out[:, 0], out[:, 1])
@@ -113,10 +113,10 @@ def test_mono_to_stereo_copies_the_channel() -> None:
 
 
 def test_pcm16_float_conversion_clips_and_round_trips() -> None:
-    pcm = audio.float_to_pcm16(np.array([-2.0, -1.0, 0.0, 0.5, 1.0, 3.0], dtype=np.float32))
-    assert pcm.tolist() == [-32768, -32768, 0, 16384, 32767, 32767]
+    clipped = pcm.float_to_pcm16(np.array([-2.0, -1.0, 0.0, 0.5, 1.0, 3.0], dtype=np.float32))
+    assert clipped.tolist() == [-32768, -32768, 0, 16384, 32767, 32767]
     everything = np.arange(-32768, 32768, dtype=np.int16)
-    assert np.array_equal(audio.float_to_pcm16(audio.pcm16_to_float(everything)), everything)
+    assert np.array_equal(pcm.float_to_pcm16(pcm.pcm16_to_float(everything)), everything)
 
 
 def sox_convert(data: bytes, from_args: list[str], to_args: list[str]) -> bytes:
@@ -129,15 +129,15 @@ def sox_convert(data: bytes, from_args: list[str], to_args: list[str]) -> bytes:
 PCM16 = ["-e", "signed-integer", "-b", "16"]
 
 
-@pytest.mark.parametrize(("encoding", "encode"), [("u-law", audio.ulaw_encode),
-                                                  ("a-law", audio.alaw_encode)])
+@pytest.mark.parametrize(("encoding", "encode"), [("u-law", pcm.ulaw_encode),
+                                                  ("a-law", pcm.alaw_encode)])
 def test_g711_encoding_equals_sox_for_every_16_bit_value(encoding: str, encode) -> None:
     everything = np.arange(-32768, 32768, dtype=np.int16)
     assert encode(everything) == sox_convert(everything.tobytes(), PCM16, ["-e", encoding])
 
 
-@pytest.mark.parametrize(("encoding", "decode"), [("u-law", audio.ulaw_decode),
-                                                  ("a-law", audio.alaw_decode)])
+@pytest.mark.parametrize(("encoding", "decode"), [("u-law", pcm.ulaw_decode),
+                                                  ("a-law", pcm.alaw_decode)])
 def test_g711_decoding_equals_sox_for_every_code(encoding: str, decode) -> None:
     codes = bytes(range(256))
     expected = np.frombuffer(sox_convert(codes, ["-e", encoding], PCM16), dtype=np.int16)
@@ -146,16 +146,16 @@ def test_g711_decoding_equals_sox_for_every_code(encoding: str, decode) -> None:
 
 def test_g711_reference_points_and_speech_round_trip() -> None:
     # ITU-T G.711: zero is 0xFF in μ-law, 0xD5 in A-law; full scale decodes to ±32124 / ±32256.
-    assert audio.ulaw_encode(np.array([0], dtype=np.int16)) == b"\xff"
-    assert audio.alaw_encode(np.array([0], dtype=np.int16)) == b"\xd5"
-    assert audio.ulaw_decode(b"\x00\x80").tolist() == [-32124, 32124]
-    assert audio.alaw_decode(b"\x2a\xaa").tolist() == [-32256, 32256]
+    assert pcm.ulaw_encode(np.array([0], dtype=np.int16)) == b"\xff"
+    assert pcm.alaw_encode(np.array([0], dtype=np.int16)) == b"\xd5"
+    assert pcm.ulaw_decode(b"\x00\x80").tolist() == [-32124, 32124]
+    assert pcm.alaw_decode(b"\x2a\xaa").tolist() == [-32256, 32256]
 
-    pcm = audio.float_to_pcm16(speech("Telephone quality speech.", 8000))
-    for encode, decode in ((audio.ulaw_encode, audio.ulaw_decode),
-                           (audio.alaw_encode, audio.alaw_decode)):
-        decoded = decode(encode(pcm))
-        assert len(decoded) == len(pcm)
+    voice = pcm.float_to_pcm16(speech("Telephone quality speech.", 8000))
+    for encode, decode in ((pcm.ulaw_encode, pcm.ulaw_decode),
+                           (pcm.alaw_encode, pcm.alaw_decode)):
+        decoded = decode(encode(voice))
+        assert len(decoded) == len(voice)
         # 8-bit companding keeps speech well above 30 dB SNR.
-        noise = np.sum((decoded.astype(np.float64) - pcm) ** 2)
-        assert 10 * np.log10(np.sum(pcm.astype(np.float64) ** 2) / noise) > 30
+        noise = np.sum((decoded.astype(np.float64) - voice) ** 2)
+        assert 10 * np.log10(np.sum(voice.astype(np.float64) ** 2) / noise) > 30

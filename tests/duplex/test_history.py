@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from duplex.history import History, Item
+from duplex.session.history import History, Item
 
 
 def answer(spoken_ms: int | None) -> Item:

@@ -10,9 +10,9 @@ import pytest
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
 from prometheus_client import REGISTRY
 
-from duplex.outbound import FRAME_SAMPLES, OutboundAudioTrack, Playout
-from duplex.webrtc import CallPeer
-from tests.duplex.peers import LOOPBACK, ClientPeer, Recorder
+from duplex.media.paced_track import FRAME_SAMPLES, OutboundAudioTrack, TrackEvent
+from duplex.transports.webrtc.peer import CallPeer
+from harness.peers import LOOPBACK, ClientPeer, Recorder
 
 
 def ramp(n: int, start: int = 1) -> np.ndarray:
@@ -29,7 +29,7 @@ async def next_mono(track: OutboundAudioTrack) -> np.ndarray:
 
 
 async def test_items_are_framed_back_to_back_and_counted() -> None:
-    playouts: list[Playout] = []
+    playouts: list[TrackEvent] = []
     track = OutboundAudioTrack(on_playout=playouts.append)
     first, second = ramp(1440), ramp(960, start=5000)
     track.enqueue("a", first)
@@ -40,7 +40,7 @@ async def test_items_are_framed_back_to_back_and_counted() -> None:
     assert np.array_equal(np.concatenate(frames)[:2400], np.concatenate([first, second]))
     assert not np.any(np.concatenate(frames)[2400:])  # then silence
     assert (track.sent_ms("a"), track.sent_ms("b"), track.sent_ms("unknown")) == (30, 20, 0)
-    assert playouts == [Playout("started", "a"), Playout("started", "b"), Playout("drained", "b")]
+    assert playouts == [TrackEvent("started", "a"), TrackEvent("started", "b"), TrackEvent("drained", "b")]
     assert track.queued_seconds == 0 and track.frames_sent == 4
 
 
@@ -61,7 +61,7 @@ async def test_pause_holds_the_queue_and_resume_continues_where_it_paused() -> N
 
 
 async def test_flush_drops_the_queue_but_keeps_what_was_sent() -> None:
-    playouts: list[Playout] = []
+    playouts: list[TrackEvent] = []
     track = OutboundAudioTrack(on_playout=playouts.append)
     track.enqueue("a", ramp(4800))
     await next_mono(track)
@@ -71,7 +71,7 @@ async def test_flush_drops_the_queue_but_keeps_what_was_sent() -> None:
     track.resume()
     assert not np.any(await next_mono(track))
     assert track.sent_ms("a") == 40 and track.queued_seconds == 0
-    assert playouts == [Playout("started", "a")]  # a flush is not a drain
+    assert playouts == [TrackEvent("started", "a")]  # a flush is not a drain
     track.release("a")
     assert track.sent_ms("a") == 0
 
@@ -116,13 +116,14 @@ async def test_loopback_pair_plays_pauses_resumes_and_flushes() -> None:
     try:
         await client.connect(server)
         track = server.outbound
+        track.on_playout = listener.on_playout
         await client.wait_for(lambda: len(client.frames) >= 5)
         assert all(quiet(s) for _, s, _ in client.frames)  # silence while nothing is queued
 
         seconds = 3.0
         t = np.arange(int(48000 * seconds)) / 48000
         track.enqueue("a", (np.sin(2 * np.pi * 440 * t) * 12000).astype(np.int16))
-        await listener.wait_for(lambda: Playout("started", "a") in listener.playouts)
+        await listener.wait_for(lambda: TrackEvent("started", "a") in listener.playouts)
         mark = len(client.frames)
         await client.wait_for(lambda: any(loud(s) for _, s, _ in client.frames[mark:]))
 
@@ -144,7 +145,7 @@ async def test_loopback_pair_plays_pauses_resumes_and_flushes() -> None:
         heard = track.sent_ms("a")
         await client.wait_for(lambda: all(quiet(s) for _, s, _ in client.frames[-10:]))
         assert track.sent_ms("a") == heard < seconds * 1000
-        assert Playout("drained", "a") not in listener.playouts
+        assert TrackEvent("drained", "a") not in listener.playouts
 
         # Every 20 ms of the timeline arrived as one frame: RTP timestamps without holes.
         pts = [p for _, _, p in client.frames]

@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from duplex.outbound import OutboundAudioTrack
-from duplex.playout import PacedPlayout
-from duplex.session import Session
+from duplex.media.paced_track import OutboundAudioTrack
+from duplex.media.playout import PacedPlayout
+from duplex.session.client_events import ClientEvents
+from duplex.session.session import Session
 from duplex.settings import SessionDefaults
+from harness.speech import speech
 from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
 from pipeline.runner import start_pipeline
-from tests.speech import speech
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = 320  # 20 ms at 16 kHz
@@ -47,14 +48,12 @@ class Harness:
     def __init__(self, pipeline: Coordinator, **defaults: Any) -> None:
         self.clock = 0.0
         self.events: list[dict[str, Any]] = []
-        self.track = OutboundAudioTrack(on_playout=self._on_playout, clock=lambda: self.clock)
+        self.track = OutboundAudioTrack(clock=lambda: self.clock)
         self.session = Session("sess_test", self, PacedPlayout(self.track), pipeline,
                                SessionDefaults(**defaults), ["default"], "toy")
+        self.client = ClientEvents(self.session)
         self.played: list[np.ndarray] = []  # every outbound frame, in order
         self.session.start()
-
-    def _on_playout(self, playout: Any) -> None:
-        self.session.on_playout(playout.kind, playout.item_id)
 
     def send_event(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -171,23 +170,23 @@ async def test_echo_guard_raises_the_threshold_while_the_agent_is_young(pipeline
 async def test_manual_turns_and_client_errors(pipeline: Coordinator) -> None:
     h = Harness(pipeline)
     session = h.session
-    await session.on_event({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+    await h.client.handle({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
     assert h.events[-1]["type"] == "session.updated"
     assert h.events[-1]["session"]["audio"]["input"]["turn_detection"] is None
-    await session.on_event({"type": "input_audio_buffer.commit"})
+    await h.client.handle({"type": "input_audio_buffer.commit"})
     assert h.events[-1]["error"]["code"] == "input_audio_buffer_commit_empty"
-    await session.on_event({"type": "no.such.event"})
+    await h.client.handle({"type": "no.such.event"})
     assert h.events[-1]["error"]["code"] == "unknown_event"
     assert "no.such.event" in h.events[-1]["error"]["message"]
-    await session.on_event({"type": "session.update", "session": {"audio": {"input": {
+    await h.client.handle({"type": "session.update", "session": {"audio": {"input": {
         "turn_detection": {"type": "semantic_vad"}}}}})
     assert "semantic_vad" in h.events[-1]["error"]["message"]
-    await session.on_event({"type": "response.cancel"})
+    await h.client.handle({"type": "response.cancel"})
     assert h.events[-1]["error"]["code"] == "response_cancel_not_active"
-    await session.on_event({"type": "conversation.item.create", "item": {
+    await h.client.handle({"type": "conversation.item.create", "item": {
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}})
     assert h.events[-1]["type"] == "conversation.item.done"
-    await session.on_event({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    await h.client.handle({"type": "response.create", "response": {"output_modalities": ["text"]}})
     await h.wait(lambda: "response.done" in h.types())
     done = h.first("response.done")
     assert done["response"]["status"] == "completed"
@@ -196,10 +195,10 @@ async def test_manual_turns_and_client_errors(pipeline: Coordinator) -> None:
     assert h.track.queued_seconds == 0
     # A spoken turn committed by hand, then cancelled mid-response.
     session.on_audio(speech(QUESTION, 16000, 0.1, 0.1))
-    await session.on_event({"type": "input_audio_buffer.commit"})
+    await h.client.handle({"type": "input_audio_buffer.commit"})
     assert "input_audio_buffer.committed" in h.types()
-    await session.on_event({"type": "response.create"})
-    await session.on_event({"type": "response.cancel"})
+    await h.client.handle({"type": "response.create"})
+    await h.client.handle({"type": "response.cancel"})
     dones = [e for e in h.events if e["type"] == "response.done"]
     assert [d["response"]["status"] for d in dones] == ["completed", "cancelled"]
     stats = await pipeline.stage_stats()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from duplex.settings import load_preset
+from harness.server import write_preset
 from pipeline.config import ConfigError
-from tests.server import write_preset
 
 
 def test_precedence_cli_env_file_default(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_precedence_cli_env_file_default(tmp_path: Path) -> None:
                          environ={"DUPLEX_PORT": "9002", "DUPLEX_MAX_SESSIONS": "5"})
     s = preset.settings
     assert (s.port, s.max_sessions, s.host) == (9003, 5, "127.0.0.2")
-    assert s.api_key is None and s.ice_server == [] and s.session.silence_duration_ms == 500
+    assert s.api_key is None and s.ice_server == [] and s.session.turn_detection.silence_duration_ms == 500
     assert preset.pipeline.model == "toy" and s.preset == "toy"
 
 
@@ -34,7 +34,8 @@ def test_lists_and_presets_by_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("overrides", "needle"), [
     ({"port": "eighty"}, "port"),
     ({"max_sessions": 0}, "max_sessions"),
-    ({"session": {"vad_threshold": 2}}, "session.vad_threshold"),
+    ({"session": {"turn_detection": {"threshold": 2}}}, "session.turn_detection"),
+    ({"session": {"turn_detection": {"prefix_padding_ms": 10**9}}}, "prefix_padding_ms must be between"),
     ({"bogus_option": 1}, "bogus_option"),
     ({"pipeline": {"model": "toy", "entry": "nope", "stages": []}}, "pipeline"),
 ])

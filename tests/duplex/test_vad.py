@@ -9,8 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from duplex.vad import WINDOW, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector
-from tests.speech import speech
+from duplex.turns.config import TurnDetection
+from duplex.turns.server_vad import SpeechStarted, SpeechStopped, TurnDetector
+from duplex.turns.vad import WINDOW
+from harness.speech import speech
 
 RATE = 16000
 
@@ -185,7 +187,7 @@ def test_discard_turn_drops_it_and_the_next_turn_starts_afresh(
 
 
 def test_max_turn_ms_closes_a_turn_that_never_pauses(sentence: Utterance) -> None:
-    detector = TurnDetector(TurnDetection(max_turn_ms=1000))
+    detector = TurnDetector(TurnDetection(), max_turn_ms=1000)
     events = run(detector, sentence.audio)
     stopped = events[1]
     assert isinstance(stopped, SpeechStopped) and stopped.forced
@@ -218,8 +220,8 @@ def test_sessions_sharing_the_model_keep_their_own_state(sentence: Utterance) ->
 
 
 def test_torch_thread_count_survives_silero_import() -> None:
-    code = ("import torch; torch.set_num_threads(3); from duplex.vad import TurnDetector; "
-            "TurnDetector(); print(torch.get_num_threads())")
+    code = ("import torch; torch.set_num_threads(3); from duplex.turns.vad import VadStream; "
+            "VadStream(); print(torch.get_num_threads())")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "3"

@@ -14,15 +14,15 @@ import httpx
 import pytest
 from aiortc import RTCSessionDescription
 
+from duplex.app_state import AppState
 from duplex.serve import create_app
 from duplex.settings import load_preset
-from duplex.state import AppState
-from duplex.webrtc import IcePolicy
+from duplex.transports.webrtc.ice import IcePolicy
+from harness.mic import ScriptedMic
+from harness.peers import ClientPeer
+from harness.server import write_preset
+from harness.speech import speech
 from pipeline.runner import start_pipeline
-from tests.duplex.peers import ClientPeer
-from tests.e2e.mic import ScriptedMic
-from tests.server import write_preset
-from tests.speech import speech
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +97,11 @@ async def test_ended_calls_leave_no_objects_behind(app_state: tuple[httpx.AsyncC
         await peer.wait_for(lambda: '"response.done"' in " ".join(peer.messages))
         slot = state.registry.get(answer.headers["location"].rsplit("/", 1)[-1])
         assert slot is not None
-        call = slot.close.__self__  # the WebRTCCall that owns the slot
-        slots += [weakref.ref(call), weakref.ref(call.session), weakref.ref(call.peer),
-                  weakref.ref(call.peer.outbound)]
-        del slot, call
+        binding = slot.close.__self__  # the SessionBinding that holds the slot
+        call = binding.session.transport  # the WebRTCCall that owns the binding
+        slots += [weakref.ref(binding), weakref.ref(call), weakref.ref(call.session),
+                  weakref.ref(call.peer), weakref.ref(call.peer.outbound)]
+        del slot, binding, call
         assert (await http.post(f"{answer.headers['location']}/hangup")).status_code == 200
         await peer.close()
     for _ in range(50):  # aiortc's tasks wind down over a few loop turns after close

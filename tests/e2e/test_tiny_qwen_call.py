@@ -3,21 +3,24 @@ WebRTC call with speech-level audio, and a barge-in clears every stage."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from tests.e2e.test_webrtc_calls import (
+from harness.calls import (
     INTERRUPTION,
     QUESTION,
+    Call,
     audible_seconds,
     hang_up,
     open_call,
+    wait_stages_busy,
     wait_stages_idle,
 )
-from tests.server import ServerProcess, run_server, write_preset
-from tests.speech import speech
+from harness.server import ServerProcess, run_server, write_preset
+from harness.speech import speech
 
 STAGES = ["preprocessing", "audio_encoder", "thinker", "decode", "talker", "code2wav"]
 
@@ -25,12 +28,23 @@ STAGES = ["preprocessing", "audio_encoder", "thinker", "decode", "talker", "code
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("tiny")
-    with run_server(write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny"), tmp=tmp) as running:
+    # Long answers (random weights rarely stop by themselves; the caps end them): an interruption
+    # then lands while the thinker, talker and code2wav are all still at work. Each turn asks for
+    # its own length with max_output_tokens.
+    preset = write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny", stages={
+        "thinker": {"max_new_tokens": 2000}, "talker": {"max_new_tokens": 1000}})
+    with run_server(preset, tmp=tmp) as running:
         yield running
+
+
+def set_answer_tokens(call: Call, tokens: int | str) -> None:
+    call.peer.send({"type": "session.update", "session": {"max_output_tokens": tokens}})
 
 
 async def test_tiny_qwen_answers_and_is_interrupted(server: ServerProcess) -> None:
     call = await open_call(server)
+    set_answer_tokens(call, 16)
+    await call.wait_event("session.updated")
     await call.mic.say(speech(QUESTION, 48000, 0.3, 0.0))
     done = await call.wait_event("response.done")
     assert done["response"]["status"] == "completed", done
@@ -38,14 +52,23 @@ async def test_tiny_qwen_answers_and_is_interrupted(server: ServerProcess) -> No
     await call.wait_event("output_audio_buffer.stopped")
     start = next(t for t, s, _ in call.peer.frames if np.abs(s).max() > 0.02)
     assert call.energy_between(start, start + 1.0) > 0.01  # speech-level, not 1e-7 silence
-    # Second turn, interrupted while the agent speaks.
+    # Second turn, a long answer, interrupted while the agent speaks and every stage is at work.
+    set_answer_tokens(call, 2000)
+    await call.wait_event("session.updated", count=2)
+    aborts = server.metric("pipeline_abort_clear_seconds_count")
     heard = audible_seconds(call)
     call.mic.say(speech("And what about the day after?", 48000, 0.3, 0.0))
     await call.wait_event("output_audio_buffer.started", count=2)
     await call.peer.wait_for(lambda: audible_seconds(call) >= heard + 1.1)
+    await wait_stages_busy(server, ["thinker", "decode", "talker", "code2wav"])
     call.mic.say(speech(INTERRUPTION, 48000, 0.0, 0.0))
     cancelled = await call.wait_event("response.done", count=2)
     assert cancelled["response"]["status"] == "cancelled"
     await call.wait_event("conversation.item.truncated")
+    assert server.metric("pipeline_abort_clear_seconds_count") >= aborts + 1
+    # The agent's audio stopped: quiet while the user keeps talking.
+    now = asyncio.get_running_loop().time()
+    await call.peer.wait_for(lambda: any(t >= now + 1.0 for t, _, _ in call.peer.frames))
+    assert audible_seconds(call, since=now + 0.2) == 0.0
     await hang_up(server, call)
     await wait_stages_idle(server, STAGES)

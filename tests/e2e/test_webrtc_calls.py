@@ -6,107 +6,35 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from aiortc import RTCSessionDescription
 
-from tests.duplex.peers import ClientPeer
-from tests.e2e.mic import ScriptedMic
-from tests.server import ServerProcess, run_server, write_preset
-from tests.speech import speech
-
-QUESTION = "Hello there. Could you tell me what the weather will be like tomorrow?"
-INTERRUPTION = "Wait, stop, I have another question for you right now."
-TIMEOUT = 30.0
+from harness.calls import (
+    INTERRUPTION,
+    QUESTION,
+    TIMEOUT,
+    assert_subsequence,
+    audible_seconds,
+    hang_up,
+    open_call,
+    wait_stages_busy,
+    wait_stages_idle,
+)
+from harness.server import ServerProcess, run_server, write_preset
+from harness.speech import speech
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("webrtc")
-    preset = write_preset(tmp / "preset.yaml", session={"inbound_media_timeout_s": 3.0})
+    # A model paced like a real one (2.4 s to write its 12 tokens, its talker keeping just ahead of
+    # playout), so that an interruption lands while every stage still holds the request.
+    preset = write_preset(tmp / "preset.yaml", session={"inbound_media_timeout_s": 3.0}, stages={
+        "thinker": {"options": {"step_delay_s": 0.2}}, "talker": {"options": {"step_delay_s": 0.05}}})
     with run_server(preset, tmp=tmp) as running:
         yield running
-
-
-class Call:
-    """One client call: the peer, its microphone and the events it received."""
-
-    def __init__(self, peer: ClientPeer, mic: ScriptedMic, call_path: str) -> None:
-        self.peer = peer
-        self.mic = mic
-        self.path = call_path
-
-    def events(self) -> list[dict[str, Any]]:
-        return self.peer.events()
-
-    def types(self) -> list[str]:
-        return [e["type"] for e in self.events()]
-
-    async def wait_event(self, kind: str, count: int = 1, **match: Any) -> dict[str, Any]:
-        def found() -> dict[str, Any] | None:
-            hits = [e for e in self.events() if e["type"] == kind
-                    and all(_get(e, k) == v for k, v in match.items())]
-            return hits[count - 1] if len(hits) >= count else None
-
-        return await self.peer.wait_for(found, TIMEOUT)
-
-    def energy_between(self, start: float, end: float) -> float:
-        chunks = [s for t, s, _ in self.peer.frames if start <= t < end]
-        return float(np.sqrt(np.mean(np.concatenate(chunks) ** 2))) if chunks else 0.0
-
-
-def _get(event: dict[str, Any], dotted: str) -> Any:
-    value: Any = event
-    for part in dotted.split("__"):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
-
-
-async def open_call(server: ServerProcess) -> Call:
-    mic = ScriptedMic()
-    peer = ClientPeer(mic)
-    offer = await peer.offer()
-    async with httpx.AsyncClient() as http:
-        answer = await http.post(f"{server.url}/v1/realtime/calls", content=offer,
-                                 headers={"Content-Type": "application/sdp"}, timeout=TIMEOUT)
-    assert answer.status_code == 201, answer.text
-    assert answer.headers["content-type"].startswith("application/sdp")
-    await peer.pc.setRemoteDescription(
-        RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
-    peer.channel.on("open", peer.notify)
-    await peer.wait_for(lambda: peer.channel.readyState == "open", TIMEOUT)
-    call = Call(peer, mic, answer.headers["location"])
-    await call.wait_event("session.created")
-    return call
-
-
-async def hang_up(server: ServerProcess, call: Call) -> None:
-    async with httpx.AsyncClient() as http:
-        response = await http.post(f"{server.url}{call.path}/hangup", timeout=TIMEOUT)
-    assert response.status_code == 200
-    await call.peer.close()
-
-
-def assert_subsequence(types: list[str], expected: list[str]) -> None:
-    it = iter(types)
-    missing = [e for e in expected if not any(t == e for t in it)]
-    assert not missing, f"{missing} not in order in {types}"
-
-
-TOY_STAGES = ["thinker", "decode", "talker", "code2wav"]
-
-
-async def wait_stages_idle(server: ServerProcess, stages: list[str] = TOY_STAGES) -> None:
-    deadline = asyncio.get_running_loop().time() + TIMEOUT
-    while True:
-        live = {s: server.metric("pipeline_stage_live_requests", {"stage": s}) for s in stages}
-        if not any(live.values()) and server.metric("pipeline_requests_active") == 0:
-            return
-        assert asyncio.get_running_loop().time() < deadline, live
-        await asyncio.sleep(0.25)  # the gauges arrive with the stages' periodic stats
 
 
 async def test_spoken_question_gets_a_spoken_answer(server: ServerProcess) -> None:
@@ -136,11 +64,6 @@ async def test_spoken_question_gets_a_spoken_answer(server: ServerProcess) -> No
     await wait_stages_idle(server)
 
 
-def audible_seconds(call: Call, since: float = 0.0) -> float:
-    """Agent audio received so far (frames with signal), in seconds."""
-    return sum(len(s) for t, s, _ in call.peer.frames if t >= since and np.abs(s).max() > 0.02) / 48000
-
-
 def fragment(word: str, ms: int) -> np.ndarray:
     """The first ``ms`` of voiced audio of ``word``: a click of speech, shorter than a confirmation."""
     samples = speech(word, 48000, 0.0, 0.0)
@@ -150,14 +73,16 @@ def fragment(word: str, ms: int) -> np.ndarray:
 
 async def test_barge_in_stops_audio_cancels_and_truncates(server: ServerProcess) -> None:
     barge_ins = server.metric("duplex_barge_ins_total")
+    aborts = server.metric("pipeline_abort_clear_seconds_count")
     call = await open_call(server)
     await call.mic.say(speech(QUESTION, 48000, 0.3, 0.0))
     started = await call.wait_event("output_audio_buffer.started")
-    # Past the echo guard (1 s of agent speech), then talk over the agent.
+    # Past the echo guard (1 s of agent speech), then talk over the agent while every stage is
+    # still working on the answer.
     await call.peer.wait_for(lambda: audible_seconds(call) >= 1.2)
+    await wait_stages_busy(server)
     call.mic.say(speech(INTERRUPTION, 48000, 0.0, 0.0))
     done = await call.wait_event("response.done")
-    silenced_at = asyncio.get_running_loop().time()
     assert done["response"]["id"] == started["response_id"]
     assert done["response"]["status"] == "cancelled"
     assert done["response"]["status_details"]["reason"] == "turn_detected"
@@ -170,11 +95,12 @@ async def test_barge_in_stops_audio_cancels_and_truncates(server: ServerProcess)
     assert truncated["item_id"] == item_id
     # The user heard about 1.2 s before talking; the answer was ~2.9 s long.
     assert 900 <= truncated["audio_end_ms"] <= 2600, truncated
+    # The abort reached every stage while they held the request, and each acknowledged it.
+    assert server.metric("pipeline_abort_clear_seconds_count") >= aborts + 1
     # After the cancel, the agent is quiet while the user keeps talking.
     now = asyncio.get_running_loop().time()
     await call.peer.wait_for(lambda: any(t >= now + 1.0 for t, _, _ in call.peer.frames))
     assert audible_seconds(call, since=now + 0.2) == 0.0
-    assert silenced_at > 0
     # The interruption is the user's next turn, and it is answered normally.
     second = await call.wait_event("response.done", count=2)
     assert second["response"]["status"] == "completed"

@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
+from harness.speech import speech
 from pipeline.config import PipelineConfig
 from pipeline.models.qwen3_omni.reference import ReferenceOutput, reference_generate
 from pipeline.models.qwen3_omni.talker import TalkerOptions, step_cap
 from pipeline.proto import OmniRequest, StagePayload
 from pipeline.scheduling.base import BatchItem
-from tests.speech import speech
 
 
 def user(text: str | None = None, audio: np.ndarray | None = None, rate: int | None = None) -> dict:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from harness.speech import speech
 from pipeline.models import StageContext
 from pipeline.models.qwen3_omni.preprocess import Preprocessor
 from pipeline.proto import StagePayload
@@ -19,7 +20,6 @@ from pipeline.scheduling.base import BatchItem, RequestError, RequestFailure, St
 from pipeline.scheduling.simple import SimpleScheduler
 from tests.models.cases import user
 from tests.models.conftest import tiny_config
-from tests.speech import speech
 
 MAX_SECONDS = 3.0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+
 import pytest
 
 from pipeline.config import parse_pipeline_config

@@ -19,8 +19,8 @@ from tests.pipeline.helpers import (
     expected_text,
     make_request,
     running,
-    turn,
     toy_config,
+    turn,
     wait_clear,
 )
 

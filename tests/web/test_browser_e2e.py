@@ -21,9 +21,14 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.speech import speech_wav
+from harness.speech import speech_wav
 from tests.web.browser import (
-    ARTIFACTS, ROOT, launch_chromium, require_loopback_only, screenshot, set_raw_microphone,
+    ARTIFACTS,
+    ROOT,
+    launch_chromium,
+    require_loopback_only,
+    screenshot,
+    set_raw_microphone,
 )
 
 if not (ROOT / "duplex" / "serve.py").exists():

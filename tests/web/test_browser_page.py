@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
-from tests.speech import speech_wav
+from harness.speech import speech_wav
 from tests.web.browser import WEB_CLIENT, launch_chromium, require_loopback_only, screenshot
 
 pytestmark = pytest.mark.e2e

@@ -12,8 +12,7 @@ import binascii
 
 import numpy as np
 
-from duplex.audio import (
-    Resampler,
+from duplex.media.pcm import (
     alaw_decode,
     alaw_encode,
     float_to_pcm16,
@@ -21,6 +20,7 @@ from duplex.audio import (
     ulaw_decode,
     ulaw_encode,
 )
+from duplex.media.resample import Resampler
 
 PCM_RATE = 24000
 G711_RATE = 8000
@@ -62,6 +62,7 @@ class OutboundEncoder:
 
     def __init__(self, fmt: str, rate: int) -> None:
         self.format = fmt
+        self.in_rate = rate
         out_rate = _wire_rate(fmt)
         self._resampler = None if rate == out_rate else Resampler(rate, out_rate)
 

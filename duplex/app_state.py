@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, ServerSettings
-from duplex.webrtc import IcePolicy
+from duplex.transports.webrtc.ice import IcePolicy
 from pipeline.coordinator import Coordinator
 
 

@@ -1,18 +1,20 @@
-"""One conversation: the turn state machine, barge-in, responses, history and truncation.
+"""One conversation: the turn state machine, barge-in included, over a transport-agnostic Session.
 
-A Session is transport-agnostic: WebRTC and the Realtime WebSocket each create one per connection
-and feed it inbound audio (``on_audio``, 16 kHz float32) and client events (``on_event``); it sends
-server events through ``SessionTransport.send_event`` and agent audio through its ``AgentAudio``.
-It reaches the model only through the coordinator (``stream`` / ``abort``).
+Every transport (WebRTC, the Realtime WebSocket, ...) creates one Session per connection and feeds it
+inbound audio (``on_audio``, 16 kHz float32) and, through ``ClientEvents``, client events; the
+session sends server events through its ``SessionTransport`` and agent audio through its
+``AgentAudio``, and reaches the model only through a ``ModelPipeline`` (``stream`` / ``abort``).
 
-States: listening → user_speaking → thinking → speaking → listening. Barge-in, while a response is
-active and ``interrupt_response`` is on:
+States (:class:`State`): listening → user_speaking → thinking → speaking → listening. While a
+response is active and ``interrupt_response`` is on, barge-in adds a sub-state (``barge_in``):
 
-1. speech onset pauses the agent's audio at once (no event): a *possible* interruption;
+1. speech onset holds the agent's audio at once (no event): :class:`PendingInterruption`;
 2. speech that lasts ``interrupt_min_speech_ms`` confirms it: ``speech_started`` (with the real
-   onset), ``output_audio_buffer.cleared`` (paced transports), the pipeline request is aborted and
-   acknowledged, ``response.done`` (cancelled), ``conversation.item.truncated`` with the audio the
-   user heard before the pause; the speech goes on as the user's next turn;
+   onset), the queued audio cleared (``output_audio_buffer.cleared`` on paced transports), and
+   :class:`Cancelling`: the pipeline request is aborted and acknowledged, ``response.done``
+   (cancelled), ``conversation.item.truncated`` with the audio the user heard before the pause; the
+   speech goes on as the user's next turn, and a turn that ends meanwhile is answered once the
+   cancel is over (``Cancelling.deferred_turn_end``);
 3. silence before that (a cough, a click) is a false interruption: the audio resumes where it
    paused and the fragment is discarded.
 
@@ -20,8 +22,8 @@ While the agent's audio is less than ``echo_guard_ms`` old the VAD threshold is 
 ``echo_guard_threshold`` so that the agent's own echo does not interrupt it.
 
 Time: turn-taking runs on audio time (positions in the inbound stream), so it is deterministic for
-the same audio; only metrics read the wall clock. State (the VAD, the history, the response in
-flight, a pending interruption) belongs to this session and is released by ``close``.
+the same audio; only metrics read the wall clock. State (the detector, the history, the response in
+flight, the barge-in sub-state) belongs to this session and is released by ``close``.
 """
 
 from __future__ import annotations
@@ -30,39 +32,28 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from duplex import metrics
-from duplex.history import History, Item
-from duplex.playout import AgentAudio
-from duplex.realtime import RealtimeError, SessionConfig, event, new_id, session_object
-from duplex.realtime_audio import InboundDecoder
-from duplex.response import Response
+from duplex.media.playout import AgentAudio
+from duplex.protocol.events import RealtimeError, event, item_added, message_item, new_id
+from duplex.protocol.session_update import session_object
+from duplex.protocol.wire_audio import InboundDecoder
+from duplex.session.config import SessionConfig
+from duplex.session.history import History, Item
+from duplex.session.model_pipeline import ModelPipeline
+from duplex.session.response import Response
+from duplex.session.states import BargeIn, Cancelling, PendingInterruption, SessionTransport, State
 from duplex.settings import SessionDefaults
-from duplex.session_events import ClientEvents
-from duplex.vad import SAMPLE_RATE, WINDOW, SpeechStarted, SpeechStopped, TurnDetection, TurnDetector
-from pipeline.coordinator import Coordinator
+from duplex.turns.server_vad import SpeechStarted, SpeechStopped, TurnDetector
+from duplex.turns.vad import SAMPLE_RATE, WINDOW
+from pipeline.proto import OmniRequest
 
 log = logging.getLogger(__name__)
 
 ARRIVALS_KEPT = 256  # ~5 s of 20 ms chunks: more than the VAD ever lags behind
-
-
-class SessionTransport(Protocol):
-    kind: str  # metrics label: webrtc | websocket
-
-    def send_event(self, event: dict[str, Any]) -> None: ...
-
-
-@dataclass
-class _Interruption:
-    """Speech over the agent, not yet confirmed; ``heard_ms`` is what was played before the pause."""
-
-    onset_ms: int
-    heard_ms: int
 
 
 class Session:
@@ -71,7 +62,7 @@ class Session:
         session_id: str,
         transport: SessionTransport,
         audio: AgentAudio,
-        pipeline: Coordinator,
+        pipeline: ModelPipeline,
         defaults: SessionDefaults,
         voices: list[str],
         model_name: str,
@@ -83,24 +74,31 @@ class Session:
         self.defaults = defaults
         self.voices = voices
         self.model_name = model_name
-        self.config = SessionConfig.from_defaults(defaults)
+        self.config = defaults.session_config()
         self.history = History(defaults.max_input_audio_s)
-        self.state = "listening"
+        self.state = State.LISTENING
+        self.barge_in: BargeIn = None
         self.log = logging.LoggerAdapter(log, {"session_id": session_id})
-        self._detector = TurnDetector(self._turn_detection())
+        self._detector = TurnDetector(self.config.turn_detection, self._max_turn_ms)
         self._manual_buffer: list[np.ndarray] = []
         self._manual_samples = 0
         self._decoder = InboundDecoder(self.config.input_format)
         self._response: Response | None = None
-        self._interruption: _Interruption | None = None
         self._user_item_id: str | None = None
-        self._deferred_turn_end: float | None = None  # a turn that ended during a cancel
-        self._truncating = False  # an interrupted response is being cancelled and truncated
         self._closed = False
-        self._events = ClientEvents(self)
         # When each recent chunk of inbound audio arrived: (its end, in samples; monotonic time).
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)
         self._received = 0
+        audio.listener = self
+
+    @property
+    def _max_turn_ms(self) -> int:
+        return int(self.defaults.max_input_audio_s * 1000)
+
+    @property
+    def response(self) -> Response | None:
+        """The response in flight, from its creation until its ``response.done`` went out."""
+        return self._response
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -126,17 +124,11 @@ class Session:
     def session_object(self) -> dict[str, Any]:
         return session_object(self.id, self.config, self.model_name)
 
-    def _turn_detection(self) -> TurnDetection:
-        td = self.config.turn_detection
-        base = TurnDetection(max_turn_ms=int(self.defaults.max_input_audio_s * 1000))
-        if td is None:
-            return base
-        return TurnDetection(td.threshold, td.prefix_padding_ms, td.silence_duration_ms, base.max_turn_ms)
-
     def reconfigure(self, config: SessionConfig) -> None:
         """Apply a validated session.update."""
         self.config = config
-        self._detector.config = self._turn_detection()
+        if config.turn_detection is not None:
+            self._detector.config = config.turn_detection
         if config.input_format != self._decoder.format:
             self._decoder = InboundDecoder(config.input_format)
 
@@ -174,6 +166,10 @@ class Session:
             self.on_audio(audio[start : start + SAMPLE_RATE])
             await asyncio.sleep(0)
 
+    def decode_wire_audio(self, b64: str) -> np.ndarray:
+        """Audio of a client event in the session's input format, at 16 kHz (a fresh decoder)."""
+        return InboundDecoder(self.config.input_format).decode(b64)
+
     def _append_manual(self, samples: np.ndarray) -> None:
         limit = int(self.defaults.max_input_audio_s * SAMPLE_RATE)
         if self._manual_samples + len(samples) > limit:
@@ -189,18 +185,18 @@ class Session:
         resp = self._response
         if resp is None or resp.playout_started_at is None:
             return None
-        young = self.audio.heard_ms(resp.item.id) < self.defaults.echo_guard_ms
+        young = self.audio.heard_ms() < self.defaults.echo_guard_ms
         return self.defaults.echo_guard_threshold if young else None
 
-    def _agent_active(self) -> bool:
+    def _agent_interruptible(self) -> bool:
         td = self.config.turn_detection
-        return self._response is not None and td is not None and td.interrupt_response
+        return (self._response is not None and not isinstance(self.barge_in, Cancelling)
+                and td is not None and td.interrupt_response)
 
     def _on_onset(self, onset: SpeechStarted, received_at: float) -> None:
-        if self._agent_active():
-            assert self._response is not None
+        if self._agent_interruptible() and self.barge_in is None:
             self.audio.pause()
-            self._interruption = _Interruption(onset.start_ms, self.audio.heard_ms(self._response.item.id))
+            self.barge_in = PendingInterruption(onset.start_ms, self.audio.heard_ms())
             # From the arrival of the audio that holds the onset, so the VAD's own delay counts.
             metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - self._arrival(onset.start_ms, received_at))
             self.log.info("possible interruption at %d ms: agent audio paused", onset.start_ms)
@@ -213,13 +209,13 @@ class Session:
 
     def _speech_started(self, onset_ms: int) -> None:
         self._user_item_id = new_id("item")
-        self.state = "user_speaking"
+        self.state = State.USER_SPEAKING
         self.send(event("input_audio_buffer.speech_started", audio_start_ms=onset_ms,
                         item_id=self._user_item_id))
 
     def _check_interruption(self) -> None:
-        pending = self._interruption
-        if pending is None:
+        pending = self.barge_in
+        if not isinstance(pending, PendingInterruption):
             return
         if not self._detector.in_speech:
             self._false_interruption()
@@ -230,32 +226,41 @@ class Session:
             self._false_interruption()
 
     def _false_interruption(self) -> None:
-        self._interruption = None
+        self.barge_in = None
         self.audio.resume()
         self.log.info("false interruption: agent audio resumed")
 
-    def _confirm_interruption(self, pending: _Interruption) -> None:
-        self._interruption = None
+    def _confirm_interruption(self, pending: PendingInterruption) -> None:
         resp = self._response
+        self.barge_in = None
         metrics.BARGE_INS_TOTAL.inc()
         self.log.info("interruption confirmed; the user heard %d ms", pending.heard_ms)
         self._speech_started(pending.onset_ms)
         if resp is None:
             return
         self.audio.clear()
-        if self.audio.paces_playout:
-            self.send(event("output_audio_buffer.cleared", response_id=resp.id))
         self.audio.resume()
-        asyncio.get_running_loop().create_task(self._truncate_after_cancel(resp, pending.heard_ms))
+        self._begin_cancel(resp, pending.heard_ms)
+        asyncio.get_running_loop().create_task(self._finish_cancel("turn_detected"))
 
-    async def _truncate_after_cancel(self, resp: Response, heard_ms: int) -> None:
-        self._truncating = True
+    def _begin_cancel(self, resp: Response, heard_ms: int | None) -> Cancelling:
+        if not isinstance(self.barge_in, Cancelling) or self.barge_in.response is not resp:
+            self.barge_in = Cancelling(resp, heard_ms)
+        return self.barge_in
+
+    async def _finish_cancel(self, reason: str) -> None:
+        """Cancel the response of the Cancelling sub-state, truncate it, answer a deferred turn."""
+        cancelling = self.barge_in
+        assert isinstance(cancelling, Cancelling)
         try:
-            await self.cancel_response("turn_detected")
-            self.truncate(resp.item, heard_ms)
+            await cancelling.response.cancel(reason)
+            if cancelling.heard_ms is not None:
+                self.truncate(cancelling.response.item, cancelling.heard_ms)
         finally:
-            self._truncating = False
-        self._answer_deferred_turn()
+            if self.barge_in is cancelling:
+                self.barge_in = None
+        if cancelling.deferred_turn_end is not None and not self._closed and self._response is None:
+            self.start_response(turn_end_at=cancelling.deferred_turn_end)
 
     def truncate(self, item: Item, audio_end_ms: int) -> None:
         self.history.truncate(item, audio_end_ms)
@@ -263,7 +268,7 @@ class Session:
                         audio_end_ms=audio_end_ms))
 
     def _on_turn_end(self, stop: SpeechStopped) -> None:
-        if self._interruption is not None:
+        if isinstance(self.barge_in, PendingInterruption):
             self._false_interruption()
             return
         item_id = self._user_item_id or new_id("item")
@@ -275,9 +280,8 @@ class Session:
             return
         if self._response is None:
             self.start_response(turn_end_at=time.monotonic())
-        elif self._response.cancel_reason is not None:
-            # The interrupted response is still being cancelled: answer once its done went out.
-            self._deferred_turn_end = time.monotonic()
+        elif isinstance(self.barge_in, Cancelling):
+            self.barge_in.deferred_turn_end = time.monotonic()
 
     # --- user items -----------------------------------------------------------------------
 
@@ -293,15 +297,34 @@ class Session:
         self._manual_samples = 0
         self._detector.discard_turn()
 
-    def announce_added(self, item: dict[str, Any], previous: str | None) -> None:
-        self._events.announce_added(item, previous)
-
     def commit_user_audio(self, item_id: str, audio: np.ndarray) -> None:
-        previous = self.history.last_id
-        self.history.add(Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE))
-        self.state = "thinking"
+        item = Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE)
+        previous = self.add_item(item)
+        self.state = State.THINKING
         self.send(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
-        self._events.announce_item(self.history.items[-1], previous)
+        self._announce_item(item, previous)
+
+    def add_item(self, item: Item) -> str | None:
+        """Append ``item`` to the history; returns the id of the item before it."""
+        previous = self.history.last_id
+        self.history.add(item)
+        return previous
+
+    def create_item(self, item: Item) -> None:
+        """``conversation.item.create``: a client's item, added and announced."""
+        if self.history.get(item.id) is not None:
+            raise RealtimeError(f"item id {item.id!r} already exists", param="item.id")
+        self._announce_item(item, self.add_item(item))
+
+    def delete_item(self, item_id: str) -> None:
+        if not self.history.remove(item_id):
+            raise RealtimeError(f"no item {item_id!r}", code="item_not_found", param="item_id")
+        self.send(event("conversation.item.deleted", item_id=item_id))
+
+    def _announce_item(self, item: Item, previous: str | None) -> None:
+        wire = message_item(item.id, item.role, item.text if item.audio is None else None)
+        for message in [*item_added(wire, previous), event("conversation.item.done", item=wire)]:
+            self.send(message)
 
     # --- responses ------------------------------------------------------------------------
 
@@ -309,36 +332,56 @@ class Session:
         if self._response is not None:
             raise RealtimeError("a response is already in progress",
                                 code="conversation_already_has_active_response")
-        self._response = Response(self, overrides or {}, turn_end_at)
+        overrides = overrides or {}
+        config = self.config
+        speaks = "audio" in (overrides.get("output_modalities") or config.output_modalities)
+        params = {
+            "modalities": ["text", "audio"] if speaks else ["text"],
+            "voice": config.voice,
+            "max_output_tokens": overrides.get("max_output_tokens", config.max_output_tokens),
+        }
+        instructions = overrides.get("instructions", config.instructions)
+        request = OmniRequest(new_id("req"), {"messages": self.history.messages(instructions)}, params)
+        item = Item(new_id("item"), "assistant")
+        previous = self.add_item(item)  # now, so that turns committed meanwhile come after it
+        self._response = Response(self, request, item, previous, speaks, config.output_format,
+                                  turn_end_at, {"session_id": self.id})
 
     async def cancel_response(self, reason: str) -> bool:
         """Cancel the response in flight (if any) and wait until its response.done went out."""
-        if self._response is None:
+        resp = self._response
+        if resp is None:
             return False
-        await self._response.cancel(reason)
+        if isinstance(self.barge_in, Cancelling) and self.barge_in.response is resp:
+            await resp.cancel(reason)  # already being cancelled: wait for it
+            return True
+        self._begin_cancel(resp, None)
+        await self._finish_cancel(reason)
         return True
 
-    def response_finished(self, resp: Response) -> None:
-        """Called by the response once its response.done went out."""
-        if self._response is resp:
+    # --- ResponseHost -----------------------------------------------------------------------
+
+    def on_first_audio(self, response: Response) -> None:
+        self.state = State.SPEAKING
+
+    def on_input_transcript(self, response: Response, transcript: str) -> None:
+        """The model's recognition of the user's last turn: kept as that item's text."""
+        user = self.history.last_user_before(response.item.id)
+        if user is None:
+            return
+        user.text = transcript
+        self.send(event("conversation.item.input_audio_transcription.completed", item_id=user.id,
+                        content_index=0, transcript=transcript))
+
+    def on_response_done(self, response: Response) -> None:
+        if self._response is response:
             self._response = None
-        if self.state in ("thinking", "speaking"):
-            self.state = "listening"
-        if not self._truncating:
-            self._answer_deferred_turn()
+        if self.state in (State.THINKING, State.SPEAKING):
+            self.state = State.LISTENING
 
-    def _answer_deferred_turn(self) -> None:
-        deferred, self._deferred_turn_end = self._deferred_turn_end, None
-        if deferred is not None and not self._closed and self._response is None:
-            self.start_response(turn_end_at=deferred)
+    # --- PlayoutListener ------------------------------------------------------------------
 
-    def on_playout(self, kind: str, item_id: str) -> None:
-        """The paced track started an item's audio, or its queue ran dry."""
-        if self._response is not None:
-            self._response.on_playout(kind, item_id)
-
-    # --- client events --------------------------------------------------------------------
-
-    async def on_event(self, message: Any) -> None:
-        """One client event (already parsed JSON); errors become ``error`` events."""
-        await self._events.handle(message)
+    def on_playout_started(self, item_id: str) -> None:
+        resp = self._response
+        if resp is not None and resp.item.id == item_id:
+            resp.on_playout_started()

@@ -12,8 +12,8 @@ import itertools
 
 import numpy as np
 
-from duplex.audio import float_to_pcm16
-from duplex.outbound import OutboundAudioTrack, Playout
+from duplex.media.paced_track import OutboundAudioTrack, TrackEvent
+from duplex.media.pcm import float_to_pcm16
 
 
 class ScriptedMic(OutboundAudioTrack):
@@ -28,7 +28,7 @@ class ScriptedMic(OutboundAudioTrack):
         self._waiting.append(done)
         return done
 
-    def _on_playout(self, playout: Playout) -> None:
+    def _on_playout(self, playout: TrackEvent) -> None:
         if playout.kind == "drained":
             for done in self._waiting:
                 if not done.done():

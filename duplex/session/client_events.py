@@ -2,28 +2,22 @@
 
 Each event is validated and dispatched to the Session; anything wrong (unknown type, missing or
 bad fields, an action the session's state does not allow) becomes an ``error`` event that names
-the problem, and the session goes on. Holds no state of its own beyond its session.
+the problem, and the session goes on. A ClientEvents belongs to one transport binding and holds no
+state of its own beyond its session; it changes the session only through the session's methods.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
-from duplex.history import Item
-from duplex.realtime import (
-    RealtimeError,
-    apply_session_update,
-    error_event,
-    event,
-    new_id,
-    user_item,
-)
-from duplex.realtime_audio import AudioFormatError, InboundDecoder
-
-if TYPE_CHECKING:
-    from duplex.session import Session
+from duplex.protocol.events import RealtimeError, error_event, event, new_id
+from duplex.protocol.session_update import apply_session_update
+from duplex.protocol.wire_audio import AudioFormatError
+from duplex.session.history import Item
+from duplex.session.session import Session
 
 MAX_TEXT_CHARS = 100_000
 
@@ -42,7 +36,7 @@ def _field(message: dict[str, Any], name: str, kind: type, required: bool = True
 class ClientEvents:
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._handlers = {
+        self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
             "input_audio_buffer.commit": self._commit,
@@ -56,6 +50,7 @@ class ClientEvents:
         }
 
     async def handle(self, message: Any) -> None:
+        """One client event (parsed JSON); a bad one becomes an ``error`` event."""
         event_id = message.get("event_id") if isinstance(message, dict) else None
         try:
             if not isinstance(message, dict):
@@ -72,19 +67,6 @@ class ClientEvents:
             self.session.send(error_event(str(err), "invalid_audio", "audio", event_id))
         except RealtimeError as err:
             self.session.send(error_event(err.message, err.code, err.param, event_id))
-
-    # --- announcements shared with the session ---------------------------------------------
-
-    def announce_added(self, item: dict[str, Any], previous: str | None) -> None:
-        self.session.send(event("conversation.item.added", previous_item_id=previous, item=item))
-        self.session.send(event("conversation.item.created", previous_item_id=previous, item=item))
-
-    def announce_item(self, item: Item, previous: str | None) -> None:
-        wire = user_item(item.id, item.text if item.audio is None else None)
-        if item.role != "user":
-            wire = {**wire, "role": item.role, "content": [{"type": "input_text", "text": item.text}]}
-        self.announce_added(wire, previous)
-        self.session.send(event("conversation.item.done", item=wire))
 
     # --- handlers ---------------------------------------------------------------------------
 
@@ -124,7 +106,7 @@ class ClientEvents:
             if kind in ("input_text", "text", "output_text"):
                 texts.append(_field(part, "text", str))
             elif kind == "input_audio" and role == "user":
-                audio.append(self._decode_audio(_field(part, "audio", str)))
+                audio.append(self.session.decode_wire_audio(_field(part, "audio", str)))
             else:
                 raise RealtimeError(f"content type {kind!r} is not supported for {role}",
                                     param="item.content.type")
@@ -132,17 +114,9 @@ class ClientEvents:
         if text is not None and len(text) > MAX_TEXT_CHARS:
             raise RealtimeError(f"text longer than {MAX_TEXT_CHARS} characters", param="item.content")
         item_id = raw.get("id") if isinstance(raw.get("id"), str) else new_id("item")
-        if self.session.history.get(item_id) is not None:
-            raise RealtimeError(f"item id {item_id!r} already exists", param="item.id")
-        item = Item(item_id, role, text=text,
-                    audio=np.concatenate(audio) if audio else None, sample_rate=16000 if audio else None)
-        previous = self.session.history.last_id
-        self.session.history.add(item)
-        self.announce_item(item, previous)
-
-    def _decode_audio(self, b64: str) -> np.ndarray:
-        decoder = InboundDecoder(self.session.config.input_format)
-        return decoder.decode(b64)
+        self.session.create_item(Item(item_id, role, text=text,
+                                      audio=np.concatenate(audio) if audio else None,
+                                      sample_rate=16000 if audio else None))
 
     async def _item_truncate(self, message: dict[str, Any]) -> None:
         item_id = _field(message, "item_id", str)
@@ -155,12 +129,7 @@ class ClientEvents:
         self.session.truncate(item, audio_end_ms)
 
     async def _item_delete(self, message: dict[str, Any]) -> None:
-        item_id = _field(message, "item_id", str)
-        item = self.session.history.get(item_id)
-        if item is None:
-            raise RealtimeError(f"no item {item_id!r}", code="item_not_found", param="item_id")
-        self.session.history.items.remove(item)
-        self.session.send(event("conversation.item.deleted", item_id=item_id))
+        self.session.delete_item(_field(message, "item_id", str))
 
     async def _response_create(self, message: dict[str, Any]) -> None:
         overrides = _field(message, "response", dict, required=False) or {}
@@ -169,7 +138,8 @@ class ClientEvents:
             allowed["instructions"] = _field(overrides, "instructions", str)
         modalities = overrides.get("output_modalities", overrides.get("modalities"))
         if modalities is not None:
-            if not isinstance(modalities, list) or not set(modalities) <= {"text", "audio"} or not modalities:
+            if not isinstance(modalities, list) or not modalities \
+                    or not all(isinstance(m, str) for m in modalities) or not set(modalities) <= {"text", "audio"}:
                 raise RealtimeError("output_modalities must be a list of 'text' and/or 'audio'",
                                     param="response.output_modalities")
             allowed["output_modalities"] = modalities
@@ -182,7 +152,5 @@ class ClientEvents:
             raise RealtimeError("there is no response in progress", code="response_cancel_not_active")
 
     async def _output_clear(self, message: dict[str, Any]) -> None:
-        session = self.session
-        session.audio.clear()
-        await session.cancel_response("client_cancelled")
-        session.send(event("output_audio_buffer.cleared"))
+        self.session.audio.clear()
+        await self.session.cancel_response("client_cancelled")

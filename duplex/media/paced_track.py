@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Playout:
+class TrackEvent:
     """What the track just did: an item's first samples went out, or the queue ran dry."""
 
     kind: Literal["started", "drained"]
@@ -66,12 +66,12 @@ class OutboundAudioTrack(MediaStreamTrack):
 
     def __init__(
         self,
-        on_playout: Callable[[Playout], None] | None = None,
+        on_playout: Callable[[TrackEvent], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``clock``: the pacing clock (tests drive the track on virtual time with their own)."""
         super().__init__()
-        self._on_playout = on_playout
+        self.on_playout = on_playout
         self._clock = clock
         self._queue: deque[tuple[str, np.ndarray]] = deque()  # (item_id, unsent samples)
         self._queued = 0  # samples in the queue
@@ -186,7 +186,7 @@ class OutboundAudioTrack(MediaStreamTrack):
             filled += take
             self._current = item_id
             if self._sent.get(item_id) == 0:
-                self._emit(Playout("started", item_id))
+                self._emit(TrackEvent("started", item_id))
             # An item released while still queued is played but no longer counted.
             if item_id in self._sent:
                 self._sent[item_id] += take
@@ -199,9 +199,9 @@ class OutboundAudioTrack(MediaStreamTrack):
             # The item's audio ran out before the model delivered more: the listener hears a gap.
             metrics.OUTBOUND_UNDERRUNS_TOTAL.inc()
         if filled and not self._queue:
-            self._emit(Playout("drained", self._current))
+            self._emit(TrackEvent("drained", self._current))
         return samples
 
-    def _emit(self, event: Playout) -> None:
-        if self._on_playout is not None:
-            self._on_playout(event)
+    def _emit(self, event: TrackEvent) -> None:
+        if self.on_playout is not None:
+            self.on_playout(event)

@@ -1,8 +1,8 @@
-"""Streaming voice activity detection and server_vad turn detection for one session.
+"""server_vad turn detection for one session, on a streaming VAD.
 
-:class:`TurnDetector` runs silero-vad's ONNX model over 16 kHz mono float32 audio fed in chunks of
-any length, 512-sample (32 ms) windows at a time, and turns the per-window speech probability into
-turn events with OpenAI's ``server_vad`` parameters:
+:class:`TurnDetector` runs a :class:`~duplex.turns.vad.VadStream` over 16 kHz mono float32 audio fed
+in chunks of any length, one 512-sample (32 ms) window at a time, and turns the per-window speech
+probability into turn events with the parameters of a :class:`~duplex.turns.config.TurnDetection`:
 
 - :class:`SpeechStarted` at the first window whose probability reaches the threshold; ``start_ms``
   is where that window begins in the input stream (the real onset), ``padded_start_ms`` where the
@@ -19,40 +19,21 @@ Time is the audio: every position is a sample count of the input stream since th
 :meth:`TurnDetector.reset`, reported in ms. Nothing reads a clock, so the same audio always gives
 the same events, however it is chunked.
 
-State: a detector belongs to one session and holds that session's LSTM state, a partial window, a
+State: a detector belongs to one session and holds that session's VAD stream, a partial window, a
 prefix ring of ``prefix_padding_ms`` and, during a turn, the turn's audio (at most ``max_turn_ms``).
-:meth:`TurnDetector.reset` releases all of it; the session calls it when it ends. The ONNX
-inference session itself is loaded once per process and shared (it holds no per-stream state).
-
-Importing silero_vad calls ``torch.set_num_threads(1)`` for the whole process (its model module
-does so at import). The first :class:`TurnDetector` imports it and then puts the thread count back
-as it was, so a process that also runs model stages keeps its own setting.
+:meth:`TurnDetector.reset` releases all of it; the session calls it when it ends.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-import warnings
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import torch
 
-SAMPLE_RATE = 16000
-WINDOW = 512  # the samples per inference that silero-vad's 16 kHz model takes
+from duplex.turns.config import TurnDetection
+from duplex.turns.vad import SAMPLE_RATE, WINDOW, VadStream
+
 HYSTERESIS = 0.15  # speech continues down to threshold - HYSTERESIS (silero's VADIterator)
-
-
-@dataclass
-class TurnDetection:
-    """server_vad parameters (OpenAI's defaults); ``max_turn_ms`` is CONTRACT.md's turn limit."""
-
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
-    max_turn_ms: int = 120_000
 
 
 @dataclass(frozen=True)
@@ -74,30 +55,6 @@ class SpeechStopped:
 TurnEvent = SpeechStarted | SpeechStopped
 
 
-@functools.cache
-def _shared_model() -> Any:
-    threads = torch.get_num_threads()
-    import silero_vad  # sets torch's thread count to 1 process-wide: undone below
-
-    torch.set_num_threads(threads)
-    # The 16 kHz-only export (opset 15) runs ~13% faster here than the default 8/16 kHz one.
-    with warnings.catch_warnings():  # "This model support only 16000 sampling rate!": we know
-        warnings.simplefilter("ignore")
-        return silero_vad.load_silero_vad(onnx=True, opset_version=15)
-
-
-def _new_stream_model() -> Any:
-    """silero's OnnxWrapper with its own stream state, sharing the process's ONNX session.
-
-    OnnxWrapper keeps the LSTM state and context in attributes that each call replaces (never
-    mutates), so a shallow copy with fresh state is an independent stream; loading a wrapper per
-    session would cost ~10 MB and ~90 ms on the event loop each time.
-    """
-    model = copy.copy(_shared_model())
-    model.reset_states()
-    return model
-
-
 def _ms(samples: int) -> int:
     return samples * 1000 // SAMPLE_RATE
 
@@ -114,14 +71,15 @@ class TurnDetector:
     Both take effect from the next window.
     """
 
-    def __init__(self, config: TurnDetection | None = None) -> None:
+    def __init__(self, config: TurnDetection | None = None, max_turn_ms: int = 120_000) -> None:
         self.config = config or TurnDetection()
+        self.max_turn_ms = max_turn_ms
         self.threshold_override: float | None = None
         self.reset()
 
     def reset(self) -> None:
         """Forget everything: model state, position, buffered audio (the session ended)."""
-        self._model = _new_stream_model()
+        self._vad = VadStream()
         self._pending = np.zeros(0, dtype=np.float32)  # < WINDOW samples not yet inferred
         self._position = 0  # samples inferred so far
         self._probability = 0.0
@@ -176,7 +134,7 @@ class TurnDetector:
         self._close_turn()
 
     def _window(self, window: np.ndarray) -> TurnEvent | None:
-        self._probability = float(self._model(torch.from_numpy(window), SAMPLE_RATE))
+        self._probability = self._vad.probability(window)
         begin = self._position
         self._position += WINDOW
         if not self.in_speech:
@@ -189,7 +147,7 @@ class TurnDetector:
             self._speech_end = self._position
         if self._position - self._speech_end >= _samples(self.config.silence_duration_ms):
             return self._stop(forced=False)
-        if self._position - self._prefix_start >= _samples(self.config.max_turn_ms):
+        if self._position - self._prefix_start >= _samples(self.max_turn_ms):
             return self._stop(forced=True)
         return None
 

@@ -12,8 +12,9 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from duplex.outbound import Playout
-from duplex.webrtc import EVENTS_CHANNEL, CallPeer, IcePolicy
+from duplex.media.paced_track import TrackEvent
+from duplex.transports.webrtc.ice import IcePolicy
+from duplex.transports.webrtc.peer import EVENTS_CHANNEL, CallPeer
 
 LOOPBACK = IcePolicy(hosts=("127.0.0.1",))
 TIMEOUT = 20.0
@@ -37,29 +38,25 @@ class Changes:
 
 
 class Recorder(Changes):
-    """A PeerListener that keeps everything the peer reports."""
+    """A PeerListener that keeps everything the peer reports (and, as ``on_playout``, what a
+    track it is attached to reports)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.audio: list[tuple[np.ndarray, float]] = []
-        self.events: list[dict[str, Any]] = []
-        self.bad_events: list[str] = []
-        self.playouts: list[Playout] = []
+        self.messages: list[str | bytes] = []
+        self.playouts: list[TrackEvent] = []
         self.closed: list[str] = []
 
     def on_audio(self, samples: np.ndarray, arrival: float) -> None:
         self.audio.append((samples, arrival))
         self.notify()
 
-    def on_event(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
+    def on_message(self, message: str | bytes) -> None:
+        self.messages.append(message)
         self.notify()
 
-    def on_bad_event(self, error: str) -> None:
-        self.bad_events.append(error)
-        self.notify()
-
-    def on_playout(self, event: Playout) -> None:
+    def on_playout(self, event: TrackEvent) -> None:
         self.playouts.append(event)
         self.notify()
 

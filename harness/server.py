@@ -1,4 +1,4 @@
-"""A real ``python -m duplex.serve`` in a subprocess, for end-to-end tests.
+"""A real ``python -m duplex.serve`` in a subprocess, for end-to-end tests and benchmarks.
 
 Use inside the loopback-only namespace (``make test`` runs pytest in one). The server is started
 with a preset file written for the test (``write_preset``) and stopped with SIGINT, as a user would.
@@ -31,9 +31,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_preset(path: Path, base: str = "toy", **overrides: Any) -> Path:
-    """``configs/{base}.yaml`` with top-level ``overrides`` (e.g. ``session={...}``)."""
+def write_preset(path: Path, base: str = "toy", stages: dict[str, dict[str, Any]] | None = None,
+                 pipeline: dict[str, Any] | None = None, **overrides: Any) -> Path:
+    """``configs/{base}.yaml`` with top-level ``overrides`` (e.g. ``session={...}``), fields of its
+    ``pipeline`` section to replace, and per stage name fields of that stage to replace (its
+    ``options`` are merged, not replaced)."""
     data = yaml.safe_load((ROOT / "configs" / f"{base}.yaml").read_text())
+    data["pipeline"].update(pipeline or {})
+    for stage in data["pipeline"]["stages"]:
+        changes = dict((stages or {}).get(stage["name"], {}))
+        stage["options"] = {**stage.get("options", {}), **changes.pop("options", {})}
+        stage.update(changes)
     data.update(overrides)
     path.write_text(yaml.safe_dump(data))
     return path
@@ -49,7 +57,8 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def metric(self, name: str, labels: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> float:
-        """The value of one sample of ``/metrics`` (0 when absent)."""
+        """The value of one sample of ``/metrics``; a sample that is not there fails the caller
+        (a renamed or missing gauge must not read as an idle zero)."""
         text = httpx.get(f"{self.url}/metrics", headers=headers, timeout=10).text
         want = ",".join(f'{k}="{v}"' for k, v in (labels or {}).items())
         for line in text.splitlines():
@@ -58,7 +67,7 @@ class ServerProcess:
             key, _, value = line.rpartition(" ")
             if key == name or (want and key == f"{name}{{{want}}}"):
                 return float(value)
-        return 0.0
+        raise AssertionError(f"no sample {name}{{{want}}} in /metrics")
 
 
 @contextmanager

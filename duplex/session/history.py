@@ -27,6 +27,9 @@ class Item:
     # (its audio starts there or later: text runs ahead of audio), and the length of the item's
     # audio once the whole answer is generated.
     deltas: list[tuple[str, int]] = field(default_factory=list)
+    # Where the audio of each piece of text starts and ends (ms), when the model says exactly which
+    # text each audio chunk voices (a synthesis stage does); truncation is then exact.
+    spans: list[tuple[int, int, str]] = field(default_factory=list)
     spoken_ms: int | None = None
     truncated_at_ms: int | None = None
 
@@ -48,6 +51,22 @@ class History:
     def get(self, item_id: str) -> Item | None:
         return next((i for i in self.items if i.id == item_id), None)
 
+    def remove(self, item_id: str) -> bool:
+        """Drop the item ``item_id``; False when there is none."""
+        item = self.get(item_id)
+        if item is not None:
+            self.items.remove(item)
+        return item is not None
+
+    def last_user_before(self, item_id: str) -> Item | None:
+        """The newest user item older than ``item_id``."""
+        older = False
+        for item in reversed(self.items):
+            if older and item.role == "user":
+                return item
+            older = older or item.id == item_id
+        return None
+
     @property
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
@@ -55,12 +74,17 @@ class History:
     def truncate(self, item: Item, audio_end_ms: int) -> None:
         """Keep only the text of the audio the user heard, the first ``audio_end_ms`` of it.
 
-        When the whole answer's audio is known, its text spreads over it: the heard share of the
+        When the model said which text each audio chunk voices, the heard text is exact: every
+        span whose audio had ended, and of the span being spoken its heard share, through the word
+        being spoken. Otherwise, when the whole answer's audio is known, its text spreads over it: the heard share of the
         audio keeps that share of the text, to the end of the word being spoken. Before that, only
         the text that arrived before the audio reached ``audio_end_ms`` can have been heard (text
         runs ahead of audio, so this keeps more than was heard, never less).
         """
-        if item.spoken_ms:
+        if item.spans:
+            kept = _heard_spans(item.spans, audio_end_ms)
+            item.deltas = [(kept, 0)] if kept else []
+        elif item.spoken_ms:
             text = item.transcript
             kept = _through_word(text, round(len(text) * min(1.0, audio_end_ms / item.spoken_ms)))
             item.deltas = [(kept, 0)] if kept else []
@@ -95,6 +119,21 @@ class History:
 
     def clear(self) -> None:
         self.items.clear()
+
+
+def _heard_spans(spans: list[tuple[int, int, str]], audio_end_ms: int) -> str:
+    """The text of ``spans`` (start ms, end ms, text) heard in the first ``audio_end_ms``."""
+    heard: list[str] = []
+    for start, end, text in spans:
+        if start >= audio_end_ms:
+            break
+        if end <= audio_end_ms:
+            heard.append(text)
+            continue
+        share = (audio_end_ms - start) / max(1, end - start)
+        heard.append(_through_word(text, round(len(text) * share)))
+        break
+    return "".join(heard)
 
 
 def _through_word(text: str, end: int) -> str:

@@ -1,0 +1,29 @@
+"""How the session layer reaches a model: the small interface it needs from the pipeline.
+
+``pipeline.coordinator.Coordinator`` implements it for real; tests may script it (a fake that
+yields chosen chunks on virtual time). Nothing in ``duplex/`` reaches the model any other way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from pipeline.proto import OmniRequest, OutputChunk
+
+
+class ModelPipeline(Protocol):
+    @property
+    def ready(self) -> bool:
+        """Whether requests are served now (not while loading or after a stage crashed)."""
+
+    @property
+    def output_sample_rate(self) -> int | None:
+        """The sample rate of the audio chunks the pipeline yields."""
+
+    def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+        """Submit ``request`` and yield its output chunks; raises ``PipelineError`` (a stage failed
+        it) or ``PipelineOverloaded``; leaving early aborts the request."""
+
+    async def abort(self, request_id: str) -> None:
+        """Abort ``request_id`` and return once every stage released it. Idempotent."""

@@ -1,0 +1,150 @@
+"""One transport connection bound to a Session and a registry slot: what every transport shares.
+
+A :class:`SessionBinding` admits the connection (a registry slot, or ``TooManySessions``), starts
+its session, takes client events (parsed here, in one place, and handled one at a time, in order,
+so a handler that awaits is never overtaken), guards the handlers (an unexpected exception becomes
+an ``error`` event and a log line, never a dead handler), optionally ends a connection whose
+inbound audio stopped, and ends everything exactly once: the session (its pipeline request, VAD
+state, history, queued audio) and the slot.
+
+It lives as long as its connection; the transport (WebRTC call, WebSocket, ...) owns it and keeps
+only what really differs: how media and events travel, and how the connection itself is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from duplex.protocol.events import error_event
+from duplex.registry import SessionRegistry, SessionSlot
+from duplex.session.client_events import ClientEvents
+from duplex.session.session import Session
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED_EVENTS = 1024  # client events waiting for their turn; beyond, the client is flooding
+
+
+class SessionBinding:
+    """See module doc. ``close_transport(reason)`` closes the connection from the server side and
+    must lead, sooner or later, to :meth:`end` (the transport's own end-of-connection path)."""
+
+    def __init__(self, session: Session, registry: SessionRegistry,
+                 close_transport: Callable[[str], Awaitable[None]],
+                 inbound_timeout_s: float | None = None) -> None:
+        self.session = session
+        self.events = ClientEvents(session)
+        self._registry = registry
+        self._close_transport = close_transport
+        self._timeout_s = inbound_timeout_s
+        self._last_audio = time.monotonic()
+        self._queue: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=MAX_QUEUED_EVENTS)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ending = False
+        self.ended = asyncio.Event()
+        self.log = logging.LoggerAdapter(log, {"session_id": session.id})
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    def admit(self) -> None:
+        """Take a registry slot; raises TooManySessions."""
+        self._registry.admit(SessionSlot(self.id, self.session.transport.kind, self.close,
+                                         self.session.audio.queued_seconds))
+
+    def start(self) -> None:
+        """Start the session (``session.created``) and the event handler (after ``admit``)."""
+        self.session.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._handle_queued()))
+        if self._timeout_s is not None:
+            self._last_audio = time.monotonic()
+            self._tasks.append(loop.create_task(self._watch_inbound(self._timeout_s)))
+
+    async def close(self, reason: str = "closed by the server") -> None:
+        """End the connection from the server side and wait until everything is released."""
+        await self._close_transport(reason)
+        await self.ended.wait()
+
+    # --- inbound ------------------------------------------------------------------------------
+
+    def on_audio(self, samples: np.ndarray, arrival: float) -> None:
+        """Inbound audio at 16 kHz (float32 mono); ``arrival`` is monotonic."""
+        self._last_audio = arrival
+        self.session.on_audio(samples, arrival)
+
+    def parse(self, raw: str | bytes) -> dict[str, Any] | None:
+        """A client message as an event object, or None after an ``error`` event saying why."""
+        try:
+            text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            message = json.loads(text)
+        except UnicodeDecodeError:
+            self.session.send(error_event("a binary message must be UTF-8 JSON", "invalid_json"))
+            return None
+        except (ValueError, RecursionError) as err:
+            self.session.send(error_event(f"the message is not valid JSON: {err}", "invalid_json"))
+            return None
+        if not isinstance(message, dict):
+            self.session.send(error_event("an event must be a JSON object", "invalid_event"))
+            return None
+        return message
+
+    def receive(self, raw: str | bytes) -> None:
+        """A message from a transport that delivers in callbacks: parsed and handled in order."""
+        try:
+            self._queue.put_nowait(raw)
+        except asyncio.QueueFull:
+            self.session.send(error_event(
+                f"more than {MAX_QUEUED_EVENTS} events waiting: event dropped", "rate_limited"))
+
+    async def handle(self, message: dict[str, Any]) -> None:
+        """Handle one client event now; an unexpected failure becomes an ``error`` event."""
+        try:
+            await self.events.handle(message)
+        except Exception:  # noqa: BLE001 - one bad event must not end the session or the server
+            kind = message.get("type")
+            self.log.exception("event %r failed", kind)
+            self.session.send(error_event("the server failed to handle this event", "server_error",
+                                          event_id=message.get("event_id"), kind="server_error"))
+
+    async def _handle_queued(self) -> None:
+        while True:
+            message = self.parse(await self._queue.get())
+            if message is not None:
+                await self.handle(message)
+
+    async def _watch_inbound(self, timeout_s: float) -> None:
+        while True:
+            idle = time.monotonic() - self._last_audio
+            if idle >= timeout_s:
+                self.log.info("no inbound audio for %.1f s: ending the session", idle)
+                await self._close_transport("inbound media timeout")
+                return
+            await asyncio.sleep(timeout_s - idle)
+
+    # --- the end ------------------------------------------------------------------------------
+
+    async def end(self, reason: str) -> None:
+        """Release the session and the slot, once; the transport calls this when it is gone."""
+        if self._ending:
+            await self.ended.wait()
+            return
+        self._ending = True
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        try:
+            await self.session.close()
+        finally:
+            self._registry.release(self.id)
+            self.ended.set()
+            self.log.info("session ended (%s)", reason)

@@ -1,0 +1,169 @@
+"""The aiortc peer of one WebRTC call: SDP checks, ICE policy, inbound audio, events channel.
+
+:class:`CallPeer` answers one client's offer (``POST /v1/realtime/calls``) and then carries the
+call's media and events:
+
+- inbound: the client's audio track, decoded by aiortc (Opus: 48 kHz stereo s16), resampled with
+  PyAV to 16 kHz mono float32 (the VAD's and the model's rate) and handed to the listener with
+  its arrival time on the monotonic clock (the decoded frame, after aiortc's jitter buffer);
+- outbound: an :class:`~duplex.media.paced_track.OutboundAudioTrack` (``peer.outbound``), paced 20 ms
+  frames the session fills, pauses and flushes;
+- the ``oai-events`` data channel the client opens: JSON events in and out; events sent before
+  the channel is open are held and sent once it opens.
+
+The peer owns its ``RTCPeerConnection``, its inbound resampler, reader task and outbound track for
+the length of the call; :meth:`CallPeer.close` (hang-up, session end) or an ICE/DTLS failure
+releases all of it, and the listener hears ``on_closed`` exactly once. Which ICE servers and host
+addresses it uses is the server's :class:`~duplex.transports.webrtc.ice.IcePolicy`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from typing import Any, Protocol
+
+import numpy as np
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from duplex.media.paced_track import OutboundAudioTrack
+from duplex.media.resample import FrameResampler
+from duplex.transports.webrtc.ice import IcePolicy
+from duplex.transports.webrtc.sdp import SdpError, validate_offer
+
+EVENTS_CHANNEL = "oai-events"
+INBOUND_RATE = 16000
+# Events the session sends before the client's channel opens (session.created, ...) wait here.
+# A client that never opens the channel is ended by the session's own timeouts; this bound only
+# keeps it from holding memory meanwhile.
+MAX_PENDING_EVENTS = 256
+
+logger = logging.getLogger(__name__)
+
+
+class PeerListener(Protocol):
+    """What a :class:`CallPeer` reports to its call. Called on the event loop; no blocking."""
+
+    def on_audio(self, samples: np.ndarray, arrival: float) -> None:
+        """16 kHz mono float32 audio from the client; ``arrival``: ``time.monotonic()``."""
+
+    def on_message(self, message: str | bytes) -> None:
+        """A message received on the events channel (JSON text, not yet parsed)."""
+
+    def on_closed(self, reason: str) -> None:
+        """The call ended: the reason given to :meth:`CallPeer.close`, "rejected" (a bad offer)
+        or "failed" (ICE or DTLS)."""
+
+
+class CallPeer:
+    """One call's aiortc peer (see module doc)."""
+
+    def __init__(self, call_id: str, policy: IcePolicy, listener: PeerListener) -> None:
+        self.call_id = call_id
+        self._policy = policy
+        self._listener = listener
+        self._log = logging.LoggerAdapter(logger, {"session_id": call_id})
+        self._pc = RTCPeerConnection(policy.configuration())
+        self.outbound = OutboundAudioTrack()
+        self._channel: RTCDataChannel | None = None
+        self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+        self._pc.on("track", self._on_track)
+        self._pc.on("datachannel", self._on_datachannel)
+        self._pc.on("connectionstatechange", self._on_connection_state)
+
+    @property
+    def connection_state(self) -> str:
+        return self._pc.connectionState
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def answer(self, offer_sdp: str) -> str:
+        """Take the client's offer, return the answer SDP (candidates included: no trickle).
+
+        Raises :class:`SdpError` for an offer that cannot be answered; the peer is then closed.
+        """
+        try:
+            validate_offer(offer_sdp)
+            offer = RTCSessionDescription(self._policy.filter_candidates(offer_sdp), "offer")
+            await self._pc.setRemoteDescription(offer)
+            self._pc.addTrack(self.outbound)
+            self._policy.restrict(self._pc)
+            await self._pc.setLocalDescription(await self._pc.createAnswer())
+        except SdpError:
+            await self.close("rejected")
+            raise
+        except Exception as exc:  # aiortc's own checks: ValueError, InvalidAccessError, ...
+            await self.close("rejected")
+            raise SdpError(f"cannot answer this offer: {exc}") from exc
+        self._log.info("answered offer")
+        return self._pc.localDescription.sdp
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        """Send a JSON event to the client, now or as soon as the events channel opens."""
+        if self.closed:
+            return
+        message = json.dumps(event)
+        if self._channel is not None and self._channel.readyState == "open":
+            self._channel.send(message)
+            return
+        if len(self._pending) == self._pending.maxlen:
+            self._log.warning("events channel not open: dropping the oldest held event")
+        self._pending.append(message)
+
+    async def close(self, reason: str = "closed") -> None:
+        """End the call and release the peer, its track, reader and held events. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending.clear()
+        self.outbound.stop()
+        if self._reader is not None:
+            self._reader.cancel()
+        await self._pc.close()
+        self._log.info("peer closed (%s)", reason)
+        self._listener.on_closed(reason)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio" or self._reader is not None:
+            return
+        self._reader = asyncio.create_task(self._read_inbound(track))
+
+    async def _read_inbound(self, track: MediaStreamTrack) -> None:
+        resampler = FrameResampler(INBOUND_RATE)
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                self._log.info("inbound audio track ended")
+                return
+            arrival = time.monotonic()
+            samples = resampler.push(frame)
+            if len(samples):
+                self._listener.on_audio(samples, arrival)
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_CHANNEL:
+            self._log.info("ignoring data channel %r", channel.label)
+            return
+        self._channel = channel
+        channel.on("message", self._on_message)
+        # The server learns of a client's channel once it is open, so held events can go now.
+        while self._pending:
+            channel.send(self._pending.popleft())
+
+    def _on_message(self, message: str | bytes) -> None:
+        self._listener.on_message(message)
+
+    async def _on_connection_state(self) -> None:
+        state = self._pc.connectionState
+        self._log.info("connection %s", state)
+        if state in ("failed", "closed"):
+            await self.close(state)

@@ -1,0 +1,118 @@
+"""One Realtime WebSocket connection (``GET /v1/realtime``) bound to a Session.
+
+The WebSocket twin of ``webrtc/call.py``: the same Session (turns, VAD, barge-in, truncation,
+responses) and SessionBinding behind a different transport. Client events arrive as JSON text
+messages and are handled one at a time, in order (an ``append`` then a ``commit`` must not swap);
+server events leave through one writer task, in the order the session sent them. Agent audio leaves
+as ``response.output_audio.delta`` events (``ClientPlayout``: the client plays the audio, the server
+counts what it sent).
+
+The connection owns its binding from ``admit`` until ``run`` returns: when the client closes, the
+socket breaks, a message is too large (uvicorn closes with 1009) or the server shuts down, ``run``
+ends the binding (closing the session, releasing the slot) exactly once. There is no inbound-media
+timeout here, unlike WebRTC: a WebSocket client sends audio only when it has some, and the socket
+itself (close frame, TCP reset, uvicorn's keepalive pings) tells when the client is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from duplex.media.playout import ClientPlayout
+from duplex.protocol.events import new_id
+from duplex.registry import SessionRegistry
+from duplex.session.model_pipeline import ModelPipeline
+from duplex.session.session import Session
+from duplex.settings import ServerSettings
+from duplex.transports.binding import SessionBinding
+
+log = logging.getLogger(__name__)
+
+CLOSE_GOING_AWAY = 1001
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class _Close:
+    """Queued after the events that must go out first: the writer then closes the socket."""
+
+    code: int
+    reason: str
+
+
+class WebSocketConnection:
+    kind = "websocket"
+
+    def __init__(self, websocket: WebSocket, settings: ServerSettings, pipeline: ModelPipeline,
+                 registry: SessionRegistry, model_name: str) -> None:
+        self.id = new_id("sess")
+        self.websocket = websocket
+        self._outbox: asyncio.Queue[dict[str, Any] | _Close] = asyncio.Queue()
+        self.session = Session(self.id, self, ClientPlayout(), pipeline, settings.session,
+                               settings.voices, model_name)
+        self.binding = SessionBinding(self.session, registry, self._close)
+        self._task: asyncio.Task[Any] | None = None
+        self.log = logging.LoggerAdapter(log, {"session_id": self.id})
+
+    def admit(self) -> None:
+        """Take a slot in the registry; raises TooManySessions."""
+        self.binding.admit()
+
+    async def run(self) -> None:
+        """Serve the connection until it ends, then release everything (call after ``admit``)."""
+        self._task = asyncio.current_task()
+        writer = asyncio.get_running_loop().create_task(self._write())
+        reason = "cancelled"
+        try:
+            self.binding.start()
+            reason = await self._read()
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            await self.binding.end(f"websocket {reason}")
+
+    async def _close(self, reason: str) -> None:
+        """End the connection from the server (shutdown): close frame, then wait for ``run``."""
+        self._outbox.put_nowait(_Close(CLOSE_GOING_AWAY, "server shutting down"))
+        try:
+            await asyncio.wait_for(asyncio.shield(self.binding.ended.wait()), SHUTDOWN_GRACE_S)
+        except TimeoutError:
+            # The client never answered the close frame: stop waiting for it.
+            if self._task is not None:
+                self._task.cancel()
+
+    # --- SessionTransport --------------------------------------------------------------------
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        self._outbox.put_nowait(event)
+
+    # --- the two directions ------------------------------------------------------------------
+
+    async def _read(self) -> str:
+        """Client events, one at a time, until the client is gone; returns why it ended."""
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return f"closed with {message.get('code')}"
+            event = self.binding.parse(message.get("text") or message.get("bytes") or b"")
+            if event is not None:
+                await self.binding.handle(event)
+
+    async def _write(self) -> None:
+        while True:
+            item = await self._outbox.get()
+            try:
+                if isinstance(item, _Close):
+                    await self.websocket.close(item.code, item.reason)
+                    return
+                await self.websocket.send_text(json.dumps(item))
+            except (WebSocketDisconnect, RuntimeError, OSError) as err:
+                # The client is gone; the reader sees the disconnect and ends the session.
+                self.log.info("websocket send failed: %s", err)
+                return

@@ -1,0 +1,53 @@
+"""The one turn-detection configuration: what a session's turn detector does, with its defaults
+(OpenAI's, CONTRACT.md) and ranges written once here.
+
+Server settings (``SessionDefaults.turn_detection``) and the wire format (``session.update``'s
+``audio.input.turn_detection``) both convert to and from :class:`TurnDetection`; the detector in
+``duplex.turns.server_vad`` reads it. Values are immutable: a change makes a new one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Inclusive ranges. The upper bounds keep one session's settings from costing others: the VAD
+# copies the prefix on every 32 ms window, and a silence of minutes would hold a turn open.
+THRESHOLD_RANGE = (0.01, 0.99)
+PREFIX_PADDING_MS_RANGE = (0, 5_000)
+SILENCE_DURATION_MS_RANGE = (100, 10_000)
+
+
+class TurnDetectionError(ValueError):
+    """A value out of range; ``field`` names it (as in the wire format)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    """server_vad: speech probability threshold, audio kept before the onset, the silence that
+    ends a turn, and whether the end of a turn answers / speech over the agent interrupts it."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in (
+            ("threshold", THRESHOLD_RANGE),
+            ("prefix_padding_ms", PREFIX_PADDING_MS_RANGE),
+            ("silence_duration_ms", SILENCE_DURATION_MS_RANGE),
+        ):
+            value = getattr(self, name)
+            kind = float if name == "threshold" else int
+            if isinstance(value, bool) or not isinstance(value, kind | int):
+                raise TurnDetectionError(name, f"{name} must be {'a number' if kind is float else 'an integer'}")
+            if not low <= value <= high:
+                raise TurnDetectionError(name, f"{name} must be between {low} and {high}")
+        for name in ("create_response", "interrupt_response"):
+            if not isinstance(getattr(self, name), bool):
+                raise TurnDetectionError(name, f"{name} must be true or false")

@@ -1,0 +1,238 @@
+"""Session behaviour against a scripted pipeline (a fake of ``ModelPipeline``, named as such: it
+stands in for the model so a test decides exactly when each chunk arrives), with the real VAD, the
+real paced track on a virtual clock, and the real transport binding.
+
+What the real-pipeline tests cannot pin down: a turn that ends while the interrupted response is
+still being cancelled, a stream that fails midway, the model's transcript of the user's turn, and
+truncation by the exact text each audio chunk voices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from duplex.media.paced_track import OutboundAudioTrack
+from duplex.media.playout import PacedPlayout
+from duplex.registry import SessionRegistry
+from duplex.session.session import Session
+from duplex.settings import SessionDefaults
+from duplex.transports.binding import SessionBinding
+from harness.speech import speech
+from pipeline.coordinator import PipelineError
+from pipeline.proto import OmniRequest, OutputChunk
+
+STEP = 320  # 20 ms at 16 kHz
+RATE = 24000
+TIMEOUT = 20.0
+
+
+class ScriptedPipeline:
+    """A fake ModelPipeline: each request's chunks are pushed by the test (``push``/``end``/``fail``)."""
+
+    ready = True
+    output_sample_rate = RATE
+
+    def __init__(self) -> None:
+        self.requests: list[OmniRequest] = []
+        self.aborted: list[str] = []
+        self._queues: dict[str, asyncio.Queue[OutputChunk | Exception | None]] = {}
+        self.started = asyncio.Event()
+
+    async def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+        queue: asyncio.Queue[OutputChunk | Exception | None] = asyncio.Queue()
+        self._queues[request.request_id] = queue
+        self.requests.append(request)
+        self.started.set()
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        queue = self._queues.get(request_id)
+        if queue is not None:
+            queue.put_nowait(None)
+
+    def push(self, **data: Any) -> None:
+        rid = self.requests[-1].request_id
+        self._queues[rid].put_nowait(OutputChunk(rid, "scripted", data))
+
+    def end(self) -> None:
+        self._queues[self.requests[-1].request_id].put_nowait(None)
+
+    def fail(self, message: str) -> None:
+        self._queues[self.requests[-1].request_id].put_nowait(PipelineError("talker", message))
+
+
+class Host:
+    """A transport that records events, with a paced track on a clock that moves 20 ms a step."""
+
+    kind = "webrtc"
+
+    def __init__(self, pipeline: ScriptedPipeline) -> None:
+        self.clock = 0.0
+        self.events: list[dict[str, Any]] = []
+        self.track = OutboundAudioTrack(clock=lambda: self.clock)
+        self.session = Session("sess_scripted", self, PacedPlayout(self.track), pipeline,
+                               SessionDefaults(), ["default"], "scripted")
+        self.binding = SessionBinding(self.session, SessionRegistry(4), self._close)
+        self.binding.admit()
+        self.binding.start()
+
+    async def _close(self, reason: str) -> None:
+        await self.binding.end(reason)
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    async def step(self, mic: np.ndarray) -> None:
+        self.session.on_audio(mic)
+        self.clock += 0.02
+        await self.track.recv()
+        await asyncio.sleep(0)  # as the real track's wait would: let the session's tasks run
+
+    async def feed(self, audio: np.ndarray) -> None:
+        for i in range(0, len(audio) - STEP + 1, STEP):
+            await self.step(audio[i : i + STEP])
+
+    async def silence(self, frames: int) -> None:
+        await self.feed(np.zeros(frames * STEP, dtype=np.float32))
+
+    async def until(self, condition: Any) -> None:
+        async with asyncio.timeout(TIMEOUT):
+            while not condition():
+                await asyncio.sleep(0.001)
+
+
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+
+
+async def ask(host: Host, pipeline: ScriptedPipeline, text: str = "What is the capital of France?") -> None:
+    await host.feed(speech(text, 16000, 0.3, 0.0))
+    await host.silence(30)
+    await host.until(lambda: len(pipeline.requests) >= 1 and "response.created" in host.types())
+
+
+async def test_a_turn_ending_during_the_cancel_is_answered_after_the_truncation() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    await ask(host, pipeline)
+    pipeline.push(text="Paris is the capital. ", audio=tone(3.0), sample_rate=RATE,
+                  spoken_text="Paris is the capital. ")
+    await host.until(lambda: host.track.queued_seconds >= 2.9)
+    await host.silence(75)  # 1.5 s of the answer played, past the echo guard
+    # The abort hangs until the test lets it through: the user's whole next turn ends meanwhile.
+    release = asyncio.Event()
+    real_abort = pipeline.abort
+
+    async def slow_abort(request_id: str) -> None:
+        await release.wait()
+        await real_abort(request_id)
+
+    pipeline.abort = slow_abort  # type: ignore[method-assign]
+    await host.feed(speech("And of Spain?", 16000, 0.0, 0.0))
+    await host.silence(30)
+    assert host.types().count("input_audio_buffer.committed") == 2
+    assert len(pipeline.requests) == 1, "answered before the interrupted response was done"
+    release.set()
+    await host.until(lambda: len(pipeline.requests) == 2)
+    types = host.types()
+    assert types.index("conversation.item.truncated") < types.index("response.created", types.index(
+        "response.done"))
+    # The second request's history ends with the truncated answer's heard text, then the new turn.
+    messages = pipeline.requests[1].inputs["messages"]
+    assert [m["role"] for m in messages[-3:]] == ["user", "assistant", "user"]
+    heard = messages[-2]["text"]
+    assert heard and "Paris is the capital.".startswith(heard.strip()), heard
+    pipeline.end()
+    await host.binding.end("test over")
+
+
+async def test_a_stream_failing_midway_reports_an_error_and_fails_the_response() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    await ask(host, pipeline)
+    pipeline.push(text="Par")
+    pipeline.fail("stage crashed: boom")
+    await host.until(lambda: "response.done" in host.types())
+    done = host.of("response.done")[0]["response"]
+    assert done["status"] == "failed" and "boom" in done["status_details"]["error"]["message"]
+    assert "boom" in host.of("error")[0]["error"]["message"]
+    assert host.session.response is None and host.session.state == "listening"
+    await host.binding.end("test over")
+
+
+async def test_the_models_transcript_becomes_the_user_turns_text() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    await ask(host, pipeline)
+    pipeline.push(input_transcript="What is the capital of France?")
+    pipeline.push(text="Paris.")
+    pipeline.end()
+    await host.until(lambda: "conversation.item.input_audio_transcription.completed" in host.types())
+    event = host.of("conversation.item.input_audio_transcription.completed")[0]
+    user = host.session.history.get(event["item_id"])
+    assert user is not None and user.role == "user" and user.text == event["transcript"]
+    assert host.types().index("conversation.item.input_audio_transcription.completed") < \
+        host.types().index("response.output_audio_transcript.delta")
+    await host.binding.end("test over")
+
+
+async def test_truncation_keeps_exactly_the_voiced_text_that_was_heard() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    await ask(host, pipeline)
+    clauses = ["First clause here, ", "second clause there, ", "third one at the end."]
+    for clause in clauses:  # one second of audio each, each voicing exactly its clause
+        pipeline.push(text=clause)
+        pipeline.push(audio=tone(1.0), sample_rate=RATE, spoken_text=clause)
+    await host.until(lambda: host.track.queued_seconds >= 2.9)
+    await host.silence(75)  # 1.5 s heard (after the first chunk's start): inside the second clause
+    await host.feed(speech("Stop there please.", 16000, 0.0, 0.0))
+    await host.until(lambda: "conversation.item.truncated" in host.types())
+    truncated = host.of("conversation.item.truncated")[0]
+    item = host.session.history.get(truncated["item_id"])
+    assert item is not None
+    share = (truncated["audio_end_ms"] - 1000) / 1000
+    assert 0.2 < share < 0.9, truncated
+    assert item.transcript.startswith(clauses[0] + "second")
+    assert "third" not in item.transcript
+    kept_of_second = len(item.transcript) - len(clauses[0])
+    assert abs(kept_of_second / len(clauses[1]) - share) < 0.35
+    await host.binding.end("test over")
+
+
+async def test_a_failing_event_handler_becomes_an_error_event_and_later_events_still_work() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+
+    async def broken(message: dict[str, Any]) -> None:
+        raise RuntimeError("a bug in a handler")
+
+    host.binding.events._handlers["input_audio_buffer.clear"] = broken
+    host.binding.receive('{"type": "input_audio_buffer.clear", "event_id": "ev_1"}')
+    host.binding.receive("{not json")
+    host.binding.receive('{"type": "session.update", "session": {"instructions": "Be brief."}}')
+    await host.until(lambda: "session.updated" in host.types())
+    errors = [e["error"] for e in host.of("error")]
+    assert [e["code"] for e in errors] == ["server_error", "invalid_json"]
+    assert errors[0]["event_id"] == "ev_1"
+    assert host.of("session.updated")[0]["session"]["instructions"] == "Be brief."
+    await host.binding.close()
+    assert host.binding.ended.is_set()
