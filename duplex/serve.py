@@ -24,6 +24,8 @@ from duplex.app_state import AppState
 from duplex.logs import setup_logging
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, load_preset
+from duplex.transports.sip.agent import SipAgent
+from duplex.transports.sip.server import SipConfig, SipServer
 from duplex.transports.webrtc.ice import IcePolicy, parse_ice_server
 from pipeline.config import ConfigError
 from pipeline.runner import start_pipeline
@@ -45,13 +47,31 @@ async def _load_pipeline(state: AppState) -> None:
     log.info("preset %s ready", settings.preset)
 
 
+def _sip_server(state: AppState) -> SipServer | None:
+    settings = state.settings
+    if settings.sip_port is None:
+        return None
+    agent = SipAgent(settings, state.registry, state.serving_pipeline, settings.preset)
+    return SipServer(agent, SipConfig(
+        host=settings.host, port=settings.sip_port, allow=settings.sip_allow,
+        rtp_ports=settings.rtp_port_range, advertise=settings.sip_advertise,
+        media_timeout=settings.session.inbound_media_timeout_s))
+
+
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: AppState = app.state.duplex
     loader = asyncio.create_task(_load_pipeline(state))
+    sip = _sip_server(state)
+    if sip is not None:
+        await sip.start()
+        log.info("SIP on udp %s:%d (peers allowed: %s)", state.settings.host, sip.port,
+                 state.settings.sip_allow or "loopback only")
     try:
         yield
     finally:
+        if sip is not None:
+            await sip.close()
         await state.registry.close_all()
         loader.cancel()
         await asyncio.gather(loader, return_exceptions=True)
@@ -78,8 +98,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"duplex: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     log.info("preset %s: %s", settings.preset, preset.description or "(no description)")
-    if settings.sip_port is not None:
-        log.warning("--sip-port: SIP telephony is not implemented yet; no SIP listener started")
     scheme = "https" if settings.ssl_certfile else "http"
     print(f"duplex: open {scheme}://{settings.host}:{settings.port}/ to talk to the agent", flush=True)
     uvicorn.run(

@@ -48,6 +48,11 @@ class SessionDefaults(BaseModel):
 class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @property
+    def rtp_port_range(self) -> tuple[int, int]:
+        low, high = (int(p) for p in self.rtp_ports.split("-"))
+        return low, high
+
     preset: str
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -57,6 +62,9 @@ class ServerSettings(BaseModel):
     ice_server: list[str] = Field(default_factory=list)
     ice_host: list[str] = Field(default_factory=list)
     sip_port: int | None = Field(default=None, ge=0, le=65535)
+    sip_allow: list[str] = Field(default_factory=list, description="CIDRs; empty: loopback only")
+    sip_advertise: str | None = Field(default=None, description="address in SIP Contact and SDP")
+    rtp_ports: str = Field(default="40000-40999", pattern=r"^\d{1,5}-\d{1,5}$")
     max_sessions: int = Field(default=8, ge=1)
     pipeline_mode: Literal["process", "inproc"] = "process"
     voices: list[str] = Field(default_factory=lambda: ["default"])
@@ -79,6 +87,9 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "ice_server": {"nargs": "+", "action": "extend"},
     "ice_host": {"nargs": "+", "action": "extend"},
     "sip_port": {"type": int},
+    "sip_allow": {"nargs": "+", "action": "extend"},
+    "sip_advertise": {},
+    "rtp_ports": {},
     "max_sessions": {"type": int},
     "pipeline_mode": {"choices": ["process", "inproc"]},
 }

@@ -18,7 +18,8 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from duplex.media.paced_track import OutboundAudioTrack, TrackEvent
+from duplex.media.frame_queue import TrackEvent
+from duplex.media.paced_track import OutboundAudioTrack
 from duplex.media.pcm import float_to_pcm16
 from harness.calls import TIMEOUT, Call, audible_seconds, hang_up, wait_stages_idle
 from harness.peers import ClientPeer

@@ -12,7 +12,8 @@ import itertools
 
 import numpy as np
 
-from duplex.media.paced_track import OutboundAudioTrack, TrackEvent
+from duplex.media.frame_queue import TrackEvent
+from duplex.media.paced_track import OutboundAudioTrack
 from duplex.media.pcm import float_to_pcm16
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from duplex.media.paced_track import TrackEvent
+from duplex.media.frame_queue import TrackEvent
 from duplex.transports.webrtc.ice import IcePolicy
 from duplex.transports.webrtc.peer import EVENTS_CHANNEL, CallPeer
 

@@ -7,15 +7,9 @@ frame of 960 samples, taken from the queue, or silence when the queue is empty o
 The voice is mono, sent as identical stereo channels: that is the layout aiortc's Opus encoder
 wants, so its resampler passes the frames through instead of remixing them at -3 dB.
 
-The session pushes the agent's audio as items (``enqueue(item_id, samples)``; one item per
-assistant response) and controls playout with ``pause`` / ``resume`` / ``flush``, all of which act
-on the very next frame. The track counts, per item, the samples it actually handed to the encoder:
-``sent_ms(item_id)`` is what the user can have heard, the ``audio_end_ms`` of a truncation.
-``queued_seconds`` feeds the ``duplex_outbound_queue_seconds`` gauge.
-
-State: the queue and the per-item counters belong to the one session (one call) that owns the
-track. ``release(item_id)`` drops an item's counter once the session is done with it; ``stop()``
-(the peer closing) drops everything.
+The queue itself (items, pause / resume / flush, what was sent of each item) is a
+:class:`~duplex.media.frame_queue.FrameQueue`; the track adds the 20 ms pacing and aiortc's frame
+format. ``stop()`` (the peer closing) drops everything.
 """
 
 from __future__ import annotations
@@ -24,16 +18,14 @@ import asyncio
 import fractions
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from duplex import metrics
+from duplex.media.frame_queue import FrameQueue, TrackEvent
 
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz: one Opus frame, so aiortc's encoder never re-frames
@@ -47,20 +39,8 @@ MAX_LAG_SECONDS = 0.2
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class TrackEvent:
-    """What the track just did: an item's first samples went out, or the queue ran dry."""
-
-    kind: Literal["started", "drained"]
-    item_id: str
-
-
-class OutboundAudioTrack(MediaStreamTrack):
-    """Paced 48 kHz s16 outbound audio with an item queue (see module doc).
-
-    ``on_playout`` is called synchronously from ``recv()`` (on the event loop) when an item's first
-    samples are sent and when the queue runs dry after sending audio; it must not block.
-    """
+class OutboundAudioTrack(FrameQueue, MediaStreamTrack):
+    """Paced 48 kHz s16 outbound audio from a :class:`FrameQueue` (see module doc)."""
 
     kind = "audio"
 
@@ -70,76 +50,20 @@ class OutboundAudioTrack(MediaStreamTrack):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``clock``: the pacing clock (tests drive the track on virtual time with their own)."""
-        super().__init__()
-        self.on_playout = on_playout
+        MediaStreamTrack.__init__(self)
+        FrameQueue.__init__(self, SAMPLE_RATE, FRAME_SAMPLES, on_playout)
         self._clock = clock
-        self._queue: deque[tuple[str, np.ndarray]] = deque()  # (item_id, unsent samples)
-        self._queued = 0  # samples in the queue
-        self._sent: dict[str, int] = {}  # item_id -> samples handed to the encoder
-        self._paused = False
-        self._open: set[str] = set()  # items that may still get audio (enqueued, not ended)
-        self._current: str | None = None  # the item whose samples went out last
         self._last_frame_at: float | None = None  # clock time the previous frame was returned
         self._start: float | None = None  # clock time of frame 0's deadline
         self._frames = 0  # frames returned so far (the pts of the next one, in frames)
         self._schedule = 0  # frames since self._start, the schedule's own count
 
     @property
-    def paused(self) -> bool:
-        return self._paused
-
-    @property
-    def queued_seconds(self) -> float:
-        return self._queued / SAMPLE_RATE
-
-    @property
     def frames_sent(self) -> int:
         return self._frames
 
-    def enqueue(self, item_id: str, samples: np.ndarray) -> None:
-        """Queue 48 kHz mono int16 samples of ``item_id`` after everything already queued."""
-        if self.readyState != "live" or len(samples) == 0:
-            return
-        self._queue.append((item_id, np.asarray(samples, dtype=np.int16)))
-        self._queued += len(samples)
-        self._sent.setdefault(item_id, 0)
-        self._open.add(item_id)
-
-    def end_item(self, item_id: str) -> None:
-        """No more audio will come for ``item_id``: running dry after it is not an underrun."""
-        self._open.discard(item_id)
-
-    def pause(self) -> None:
-        """Send silence from the next frame on, keeping the queue (a possible barge-in)."""
-        self._paused = True
-
-    def resume(self) -> None:
-        """Carry on from where ``pause`` stopped (a false interruption)."""
-        self._paused = False
-
-    def flush(self) -> float:
-        """Drop every queued sample (a confirmed barge-in); returns the seconds dropped.
-
-        The sent counters stay: ``sent_ms`` still says what the user heard.
-        """
-        dropped = self.queued_seconds
-        self._queue.clear()
-        self._queued = 0
-        self._open.clear()
-        return dropped
-
-    def sent_ms(self, item_id: str) -> int:
-        """Milliseconds of ``item_id`` handed to the encoder so far (0 for an unknown item)."""
-        return self._sent.get(item_id, 0) * 1000 // SAMPLE_RATE
-
-    def release(self, item_id: str) -> None:
-        """Forget ``item_id``'s counter (the session has truncated or finished that item)."""
-        self._sent.pop(item_id, None)
-        self._open.discard(item_id)
-
     def stop(self) -> None:
-        self.flush()
-        self._sent.clear()
+        self.close()
         super().stop()
 
     async def recv(self) -> av.AudioFrame:
@@ -156,8 +80,11 @@ class OutboundAudioTrack(MediaStreamTrack):
             await asyncio.sleep(wait)
         # Read the queue only now, after the wait, so that a pause or flush made while waiting
         # already applies to this frame.
+        samples = self.next_frame()
+        if samples is None:
+            samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         frame = av.AudioFrame.from_ndarray(
-            np.repeat(self._next_samples(), 2).reshape(1, -1), format="s16", layout="stereo"
+            np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo"
         )
         frame.sample_rate = SAMPLE_RATE
         frame.time_base = TIME_BASE
@@ -173,35 +100,3 @@ class OutboundAudioTrack(MediaStreamTrack):
     def _deadline(self) -> float:
         assert self._start is not None
         return self._start + self._schedule * FRAME_SECONDS
-
-    def _next_samples(self) -> np.ndarray:
-        samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        if self._paused:
-            return samples
-        filled = 0
-        while filled < FRAME_SAMPLES and self._queue:
-            item_id, chunk = self._queue[0]
-            take = min(FRAME_SAMPLES - filled, len(chunk))
-            samples[filled : filled + take] = chunk[:take]
-            filled += take
-            self._current = item_id
-            if self._sent.get(item_id) == 0:
-                self._emit(TrackEvent("started", item_id))
-            # An item released while still queued is played but no longer counted.
-            if item_id in self._sent:
-                self._sent[item_id] += take
-            if take == len(chunk):
-                self._queue.popleft()
-            else:
-                self._queue[0] = (item_id, chunk[take:])
-        self._queued -= filled
-        if filled < FRAME_SAMPLES and self._current in self._open:
-            # The item's audio ran out before the model delivered more: the listener hears a gap.
-            metrics.OUTBOUND_UNDERRUNS_TOTAL.inc()
-        if filled and not self._queue:
-            self._emit(TrackEvent("drained", self._current))
-        return samples
-
-    def _emit(self, event: TrackEvent) -> None:
-        if self.on_playout is not None:
-            self.on_playout(event)

@@ -2,7 +2,8 @@
 
 This is the one object in which the two kinds of transport differ:
 
-- ``PacedPlayout`` (WebRTC, SIP): the server plays the audio out in real time on a paced track, so
+- ``PacedPlayout`` (WebRTC, SIP): the server plays the audio out in real time from a paced
+  sender's frame queue, so
   it knows exactly what the user heard, can pause, resume and clear it at the next 20 ms frame, and
   an answer is over once its last sample was played. It sends ``output_audio_buffer.started``,
   ``.stopped`` and ``.cleared``.
@@ -22,8 +23,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from duplex.media.paced_track import OutboundAudioTrack, TrackEvent
-from duplex.media.resample import Resampler, webrtc_outbound
+from duplex.media.frame_queue import FrameQueue, TrackEvent
+from duplex.media.resample import Resampler
 from duplex.protocol.events import event
 from duplex.protocol.wire_audio import OutboundEncoder
 
@@ -86,11 +87,11 @@ class _Item:
 
 
 class PacedPlayout:
-    """The agent's audio on a paced :class:`OutboundAudioTrack` (see module doc)."""
+    """The agent's audio on a paced sender's :class:`FrameQueue` (see module doc)."""
 
     paces_playout = True
 
-    def __init__(self, track: OutboundAudioTrack) -> None:
+    def __init__(self, track: FrameQueue) -> None:
         self.track = track
         self.listener: PlayoutListener | None = None
         self._resampler: Resampler | None = None
@@ -110,7 +111,7 @@ class PacedPlayout:
         if self._item is None:
             return
         if self._resampler is None or self._resampler.in_rate != sample_rate:
-            self._resampler = webrtc_outbound(sample_rate)
+            self._resampler = Resampler(sample_rate, self.track.rate, out_dtype=np.int16)
         self._item.samples += len(samples)
         self.track.enqueue(self._item.id, self._resampler.push(samples))
 

@@ -135,8 +135,3 @@ class FrameResampler:
                 frame.sample_rate, self.rate, in_dtype=np.int16, in_channels=channels
             )
         return current.push_frame(frame)
-
-
-def webrtc_outbound(model_rate: int = 24000) -> Resampler:
-    """The model's float32 mono waveform → 48 kHz mono s16 for the paced outbound track."""
-    return Resampler(model_rate, 48000, out_dtype=np.int16)

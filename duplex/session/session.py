@@ -283,6 +283,13 @@ class Session:
         elif isinstance(self.barge_in, Cancelling):
             self.barge_in.deferred_turn_end = time.monotonic()
 
+    def on_dtmf(self, digit: str) -> None:
+        """A key the caller pressed (telephony): an event, and text the model sees next turn."""
+        self.log.info("the caller pressed %s", digit)
+        self.send(event("input_audio_buffer.dtmf_event_received", event=digit,
+                        received_at=int(time.time())))
+        self.create_item(Item(new_id("item"), "user", text=f"(The caller pressed {digit} on the keypad.)"))
+
     # --- user items -----------------------------------------------------------------------
 
     def commit_manual_buffer(self) -> None:

@@ -70,7 +70,7 @@ def test_stereo_downmix_averages_channels() -> None:
 
 def test_model_output_to_48k_and_back_round_trips() -> None:
     source = speech("Round trip through the resampler.", 24000)
-    up = resample.webrtc_outbound(24000)
+    up = resample.Resampler(24000, 48000, out_dtype=np.int16)
     # Arbitrary chunk sizes, as code2wav streams them.
     pieces = np.array_split(source, [1000, 1001, 5000, 12345, 30000])
     at48 = np.concatenate([up.push(p) for p in pieces] + [up.flush()])
@@ -88,7 +88,7 @@ def test_model_output_to_48k_and_back_round_trips() -> None:
 
 
 def test_flush_rearms_for_the_next_utterance() -> None:
-    resampler = resample.webrtc_outbound(24000)
+    resampler = resample.Resampler(24000, 48000, out_dtype=np.int16)
     for seconds in (0.31, 0.5):
         chunk = tone(24000, seconds)
         out = np.concatenate([resampler.push(chunk), resampler.flush()])

@@ -10,7 +10,8 @@ import pytest
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
 from prometheus_client import REGISTRY
 
-from duplex.media.paced_track import FRAME_SAMPLES, OutboundAudioTrack, TrackEvent
+from duplex.media.frame_queue import TrackEvent
+from duplex.media.paced_track import FRAME_SAMPLES, OutboundAudioTrack
 from duplex.transports.webrtc.peer import CallPeer
 from harness.peers import LOOPBACK, ClientPeer, Recorder
 
