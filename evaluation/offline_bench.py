@@ -1,0 +1,209 @@
+"""The offline model set (configs/offline.yaml) answering spoken questions, as the server runs it.
+
+    python -m evaluation.offline_bench [--mode process|inproc] [--rounds 1]
+
+Eight espeak-ng questions go through ``start_pipeline`` one after another (after one warm-up), each
+submitted the way the session does at its end-of-turn decision. Per request, from submit: the
+transcript chunk (speech recognition done), the first answer text (LM prefill and first token),
+the first agent audio, and the end; per stage, the mean compute of one step (``asr``: one
+transcription, ``lm``: one token, ``tts``: one clause) from the pipeline's own step histogram; and
+the wait for the first clause's text (the splitter needs a clause before synthesis starts).
+Prints a table, writes evaluation/results/offline_bench.{json,png}. The agent's answers and the
+recognised questions are in the JSON (with their WER) so the numbers can be read against them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+from prometheus_client import REGISTRY
+
+from evaluation.bench_common import ROOT, format_table, machine, save_results
+from harness.speech import speech
+from harness.wer import wer
+from pipeline.config import parse_pipeline_config, read_yaml
+from pipeline.coordinator import Coordinator
+from pipeline.models.offline.sources import lm_source, prepare_lm
+from pipeline.proto import OmniRequest
+from pipeline.runner import start_pipeline
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+RATE = 16000
+STAGES = ("asr", "lm", "tts")
+QUESTIONS = [
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "What is frozen water called?",
+    "What is the capital of Japan?",
+    "What color is the sky on a clear day?",
+    "Can you recommend a good book?",
+    "How do I make a cup of tea?",
+    "Tell me something about the moon.",
+]
+PHASES = ("transcript", "first_text", "first_clause_text", "first_audio", "done")
+
+
+@dataclass
+class Turn:
+    question: str
+    times: dict[str, float] = field(default_factory=dict)
+    transcript: str = ""
+    text: str = ""
+    audio_s: float = 0.0
+
+
+async def ask(coordinator: Coordinator, rid: str, question: str) -> Turn:
+    turn = Turn(question)
+    message = {"role": "user", "text": None, "audio": speech(question, RATE), "sample_rate": RATE}
+    request = OmniRequest(rid, {"messages": [message]}, {"modalities": ["text", "audio"]})
+    text_times: list[tuple[float, int]] = []  # (arrival, length of the text so far)
+    first_clause = ""
+    start = time.perf_counter()
+    async for chunk in coordinator.stream(request):
+        now = time.perf_counter() - start
+        data = chunk.data
+        if "input_transcript" in data:
+            turn.transcript = data["input_transcript"]
+            turn.times["transcript"] = now
+        if data.get("text"):
+            turn.times.setdefault("first_text", now)
+            turn.text += data["text"]
+            text_times.append((now, len(turn.text)))
+        if "audio" in data:
+            turn.times.setdefault("first_audio", now)
+            first_clause = first_clause or data["spoken_text"]
+            turn.audio_s += len(data["audio"]) / data["sample_rate"]
+    turn.times["done"] = time.perf_counter() - start
+    # The splitter releases a clause once the character after it arrived (or the answer ended).
+    ready = [t for t, length in text_times if length > len(first_clause)]
+    turn.times["first_clause_text"] = (
+        ready[0] if ready else text_times[-1][0] if text_times else 0.0
+    )
+    return turn
+
+
+def step_totals() -> dict[str, tuple[float, float]]:
+    """(sum of step seconds, number of steps) per stage, from the coordinator's histogram."""
+    out = {}
+    for stage in STAGES:
+        total = REGISTRY.get_sample_value("pipeline_stage_seconds_sum", {"stage": stage}) or 0.0
+        count = REGISTRY.get_sample_value("pipeline_stage_seconds_count", {"stage": stage}) or 0.0
+        out[stage] = (total, count)
+    return out
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    data = np.asarray(values) * 1000
+    return {
+        "p50": round(float(np.percentile(data, 50)), 1),
+        "p90": round(float(np.percentile(data, 90)), 1),
+    }
+
+
+async def run(mode: str, rounds: int) -> dict[str, Any]:
+    config = parse_pipeline_config(read_yaml(ROOT / "configs" / "offline.yaml")["pipeline"])
+    await asyncio.to_thread(prepare_lm, lm_source("packaged"))
+    started = time.perf_counter()
+    coordinator = await start_pipeline(config, mode=mode)
+    start_s = time.perf_counter() - started
+    try:
+        await ask(coordinator, "warmup", "Hello there.")
+        await coordinator.stage_stats()
+        before = step_totals()
+        turns = []
+        for r in range(rounds):
+            for i, question in enumerate(QUESTIONS):
+                turns.append(await ask(coordinator, f"q{r}-{i}", question))
+        await asyncio.sleep(0.5)  # the stages' last periodic reports carry their last steps
+        await coordinator.stage_stats()
+        after = step_totals()
+    finally:
+        await coordinator.close()
+    steps = {
+        s: round(1000 * (after[s][0] - before[s][0]) / max(1.0, after[s][1] - before[s][1]), 1)
+        for s in STAGES
+    }
+    return {
+        "mode": mode,
+        "machine": machine(),
+        "pipeline_start_s": round(start_s, 2),
+        "phases_ms": {p: percentiles([t.times[p] for t in turns]) for p in PHASES},
+        "derived_ms": {
+            "lm_first_token_after_transcript": percentiles(
+                [t.times["first_text"] - t.times["transcript"] for t in turns]
+            ),
+            "first_clause_wait_after_first_text": percentiles(
+                [t.times["first_clause_text"] - t.times["first_text"] for t in turns]
+            ),
+            "tts_first_clause": percentiles(
+                [t.times["first_audio"] - t.times["first_clause_text"] for t in turns]
+            ),
+        },
+        "step_mean_ms": steps,
+        "transcript_wer_mean": round(
+            float(np.mean([wer(t.question, t.transcript) for t in turns])), 3
+        ),
+        "turns": [
+            {
+                "question": t.question,
+                "transcript": t.transcript,
+                "answer": t.text,
+                "audio_s": round(t.audio_s, 2),
+                "ms": {k: round(v * 1000) for k, v in t.times.items()},
+            }
+            for t in turns
+        ],
+    }
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    turns = results["turns"]
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(turns) + 1.5))
+    segments = [  # (phase it ends at, label, phase it starts at, colour)
+        ("transcript", "speech recognition", None, "tab:blue"),
+        ("first_text", "LM first token", "transcript", "tab:orange"),
+        ("first_clause_text", "first clause text", "first_text", "tab:green"),
+        ("first_audio", "synthesis of clause 1", "first_clause_text", "tab:purple"),
+    ]
+    for i, turn in enumerate(turns):
+        ms = turn["ms"]
+        for key, label, since, colour in segments:
+            left = 0 if since is None else ms[since]
+            ax.barh(i, ms[key] - left, left=left, color=colour, label=label if i == 0 else None)
+        ax.plot([ms["done"]], [i], "k|", markersize=12, label="answer done" if i == 0 else None)
+    ax.axvline(700, color="r", linestyle="--", label="target: first audio 700 ms")
+    ax.set_yticks(range(len(turns)), [t["question"][:32] for t in turns])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms after the request was submitted (end of turn)")
+    ax.set_title(f"offline preset, {results['mode']} mode, {results['machine']['cpus']} CPUs")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=["process", "inproc"], default="process")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    results = asyncio.run(run(args.mode, args.rounds))
+    rows = [[p, v["p50"], v["p90"]] for p, v in results["phases_ms"].items()]
+    rows += [[p, v["p50"], v["p90"]] for p, v in results["derived_ms"].items()]
+    print(format_table(["from submit / phase (ms)", "p50", "p90"], rows))
+    print(format_table(["stage", "mean step ms"], list(results["step_mean_ms"].items())))
+    print(f"transcript WER (mean): {results['transcript_wer_mean']}, load: {results['machine']}")
+    save_results("offline_bench", results, plot)
+
+
+if __name__ == "__main__":
+    main()

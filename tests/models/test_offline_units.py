@@ -1,0 +1,241 @@
+"""The offline model set's parts without the pipeline: clause splitting, the WER helper, which
+messages get transcribed, the language model from a user's Hugging Face folder (a tiny random
+Llama converted the same way as the packaged GGUF), and the error when piper is missing."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.wer import normalize, wer
+from pipeline.config import StageConfig
+from pipeline.models import StageContext
+from pipeline.models.offline.clauses import ClauseSplitter
+from pipeline.models.offline.sources import MissingModelPackage, package_dir
+from pipeline.proto import StagePayload
+from pipeline.scheduling.base import ARSlot, BatchItem, RequestError
+
+
+def split_all(text: str, deltas: list[str], **limits: int) -> list[str]:
+    splitter = ClauseSplitter(**limits)
+    clauses = [c for d in deltas for c in splitter.push(d)]
+    return clauses + splitter.flush()
+
+
+def test_clauses_end_at_punctuation_followed_by_space_and_keep_every_character() -> None:
+    text = "Sure, the answer is 3.5 or 1,000 dollars. Really? Yes: it is!\nNext line"
+    rng = random.Random(1)
+    cuts = sorted(rng.sample(range(1, len(text)), 20))
+    deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    clauses = split_all(text, deltas, min_chars=4)
+    assert "".join(clauses) == text
+    assert clauses == [
+        "Sure,",
+        " the answer is 3.5 or 1,000 dollars.",
+        " Really?",
+        " Yes:",
+        " it is!",
+        "\nNext line",  # a newline alone is too short to voice: it joins the next clause
+    ]
+
+
+def test_short_clauses_join_the_next_and_long_ones_are_cut_at_a_space() -> None:
+    assert split_all("", ["Yes, it is. Fine."], min_chars=10) == ["Yes, it is.", " Fine."]
+    long = "word " * 50
+    clauses = split_all(long, [long], max_chars=40)
+    assert "".join(clauses) == long
+    assert all(len(c) <= 40 for c in clauses)
+
+
+def test_wer_normalises_case_punctuation_and_numbers() -> None:
+    assert normalize("Twenty-one apples, 1,000 pears; It's EIGHT!") == [
+        "21",
+        "apples",
+        "1000",
+        "pears",
+        "its",
+        "8",
+    ]
+    assert wer("A spider has eight legs.", "a spider has 8 legs") == 0.0
+    assert wer("the capital of France is Paris", "the capital of Francis Paris") == pytest.approx(
+        2 / 6
+    )
+    assert wer("", "") == 0.0
+
+
+def test_a_missing_model_package_names_what_to_install() -> None:
+    with pytest.raises(MissingModelPackage, match=r"duplex\[offline\]"):
+        package_dir("no_such_model_package", "no-such-model-package")
+
+
+def test_without_piper_the_tts_stage_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.models.offline import make_tts
+
+    monkeypatch.setitem(sys.modules, "piper", None)  # import piper now raises ImportError
+    stage = StageConfig(name="tts", runner="tts", scheduler="ar", max_new_tokens=4, terminal=True)
+    with pytest.raises(MissingModelPackage, match=r"piper-tts.*duplex\[offline\]"):
+        make_tts(StageContext(stage, {"voice": "packaged"}))
+
+
+class _FakeTranscriber:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def transcribe(self, audio: np.ndarray, rate: int) -> str:
+        self.calls += 1
+        return f"heard {self.calls}"
+
+
+@pytest.fixture(scope="module")
+def recognizer():
+    pytest.importorskip("faster_whisper")
+    from pipeline.models.offline.asr import Recognizer
+
+    stage = StageConfig(name="asr", runner="asr", scheduler="simple", next=["lm"])
+    return Recognizer(StageContext(stage, {"asr": "packaged"}))
+
+
+def _run(recognizer, messages: list[dict]) -> dict:
+    (out,) = recognizer.run([BatchItem(StagePayload("r1", {"messages": messages}), final=True)])
+    return out
+
+
+def test_only_user_audio_without_text_is_transcribed(
+    recognizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _FakeTranscriber()
+    monkeypatch.setattr(recognizer, "_transcriber", fake)
+    audio = np.zeros(1600, np.float32)
+    out = _run(
+        recognizer,
+        [
+            {"role": "system", "text": "Be brief.", "audio": None, "sample_rate": None},
+            {"role": "user", "text": "typed", "audio": audio, "sample_rate": 16000},
+            {"role": "assistant", "text": None, "audio": audio, "sample_rate": 16000},
+            {"role": "user", "text": None, "audio": audio, "sample_rate": 16000},
+        ],
+    )
+    assert out == {
+        "messages": [
+            {"role": "system", "text": "Be brief."},
+            {"role": "user", "text": "typed"},
+            {"role": "user", "text": "heard 1"},
+        ],
+        "input_transcript": "heard 1",
+    }
+    assert _run(recognizer, [{"role": "user", "text": "hi"}])["input_transcript"] is None
+
+
+def test_long_speech_goes_through_whisper_s_own_30_s_windows(recognizer) -> None:
+    """Clips up to 25 s are encoded in a window of their own length; longer ones are segmented."""
+    from harness.speech import speech
+
+    sentences = [
+        "The weather is nice today.",
+        "I would like a cup of tea.",
+        "My favourite colour is green.",
+        "The train leaves at noon.",
+        "Please close the window.",
+        "We went to the beach yesterday.",
+        "The cat is sleeping on the sofa.",
+        "Thank you for your help.",
+    ]
+    audio = np.concatenate([speech(s, 16000) for s in sentences])
+    assert audio.size > 25 * 16000
+    heard = recognizer._transcriber.transcribe(audio, 16000)
+    assert wer(" ".join(sentences), heard) <= 0.2, heard
+
+
+@pytest.mark.parametrize(
+    ("messages", "error"),
+    [
+        ([], "non-empty list"),
+        ([{"role": "robot", "text": "hi"}], "role must be one of"),
+        (
+            [
+                {
+                    "role": "user",
+                    "text": None,
+                    "audio": np.zeros(10, np.float32),
+                    "sample_rate": 4000,
+                }
+            ],
+            "sample_rate 4000 is not supported",
+        ),
+        ([{"role": "user", "text": None, "audio": None}], "neither text nor audio"),
+    ],
+)
+def test_bad_messages_fail_their_request(recognizer, messages: list, error: str) -> None:
+    with pytest.raises(RequestError, match=error):
+        _run(recognizer, messages)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight Llama saved as a Hugging Face folder, with SmolLM2's tokenizer."""
+    pytest.importorskip("ctranslate2")
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from pipeline.models.offline.sources import lm_source, prepare_lm
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_lm(lm_source("packaged")).tokenizer_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    out = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_a_hugging_face_folder_serves_with_its_chat_template(
+    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.models.offline.lm import LanguageModel
+
+    monkeypatch.setenv("DUPLEX_CACHE_DIR", str(tmp_path))
+    stage = StageConfig(name="lm", runner="lm", scheduler="ar", max_new_tokens=6, terminal=True)
+    runner = LanguageModel(StageContext(stage, {"lm": str(tiny_llama_dir)}))
+    assert list(tmp_path.glob("offline-lm-*/ct2/model.bin"))  # converted into the cache
+    messages = [{"role": "system", "text": "Speak like a pirate."}, {"role": "user", "text": "Hi"}]
+    payload = StagePayload("r1", {"messages": messages, "input_transcript": "Hi"})
+    slot = ARSlot("r1", {}, runner.new_state(payload), cap=6)
+    assert "Speak like a pirate." in runner._tokenizer.convert_tokens_to_string(slot.state.prompt)
+    outputs = []
+    for _ in range(slot.cap):
+        (result,) = runner.step([slot])
+        slot.steps += 1
+        outputs.append(result)
+        if result.finished:
+            break
+    assert outputs[0].data == {"input_transcript": "Hi"}
+    assert len(outputs) <= 6 and len(slot.state.ids) <= 5  # the transcript took one step of six
+    runner.release(slot)
+    assert slot.state is None
+
+    # Released mid-answer, the decoder stops at its next token instead of running to its cap.
+    slot = ARSlot(
+        "r2", {}, runner.new_state(StagePayload("r2", {"messages": messages})), cap=100000
+    )
+    state = slot.state
+    runner.step([slot])
+    runner.release(slot)
+    deadline = time.monotonic() + 5
+    while not state.job.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state.job.done() and state.steps.qsize() + len(state.ids) < 1000
