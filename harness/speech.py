@@ -1,7 +1,8 @@
-"""Speech fixtures made at test time with espeak-ng and sox (a user's clone ships no audio).
+"""Speech fixtures made at test time (a user's clone ships no audio): espeak-ng with sox, and
+piper's natural voice for checks of what a recogniser hears.
 
-Files are cached per process in a temporary directory; each call returns the path of a 16-bit PCM
-mono WAV, or the samples as float32 at the requested rate.
+Results are cached per process (espeak-ng files in a temporary directory); each call returns the
+path of a 16-bit PCM mono WAV, or the samples as float32 at the requested rate.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import subprocess
 import tempfile
 import wave
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,3 +50,30 @@ def speech(text: str, rate: int = 16000, pad_before_s: float = 0.5, pad_after_s:
     samples, got = read_wav(speech_wav(text, rate, pad_before_s, pad_after_s))
     assert got == rate
     return samples
+
+
+@functools.cache
+def _piper_voice() -> Any:
+    from pipeline.models.offline.sources import voice_model
+    from pipeline.models.offline.tts import load_voice
+
+    return load_voice(voice_model("packaged"), threads=1)
+
+
+@functools.cache
+def natural_speech(text: str, rate: int = 16000, pad_before_s: float = 0.5,
+                   pad_after_s: float = 1.0) -> np.ndarray:
+    """piper speech of ``text`` (the ``joe`` voice, 22.05 kHz) as float32 samples at ``rate``.
+
+    A natural voice, for checks of what a recogniser makes of a question: Whisper tiny.en hears
+    espeak-ng's "of France" as "and friends", a person's voice as it was said.
+    """
+    from duplex.media.resample import Resampler
+
+    voice = _piper_voice()
+    audio = np.concatenate([chunk.audio_float_array for chunk in voice.synthesize(text)])
+    source = voice.config.sample_rate
+    resampler = Resampler(source, rate)
+    samples = np.concatenate([resampler.push(audio.astype(np.float32)), resampler.flush()])
+    pad = (np.zeros(int(rate * pad_before_s), np.float32), np.zeros(int(rate * pad_after_s), np.float32))
+    return np.concatenate([pad[0], samples, pad[1]])

@@ -1,0 +1,85 @@
+"""A real conversation over WebRTC with the default CPU preset (``offline``: Whisper tiny.en,
+SmolLM2-135M, piper), judged by what is said: the user's words as the server recognised them, the
+agent's answer, and the agent's audio as a listener hears it (recognised offline again). The user
+speaks with piper's natural voice: Whisper tiny.en hears espeak-ng's "of France" as "and friends"."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from harness.calls import Call, audible_seconds, hang_up, open_call, wait_stages_busy, wait_stages_idle
+from harness.server import ServerProcess, run_server, write_preset
+from harness.speech import natural_speech
+from harness.wer import wer
+from pipeline.models.offline.asr import Transcriber
+from pipeline.models.offline.sources import asr_model_dir
+
+STAGES = ["asr", "lm", "tts"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("offline")
+    with run_server(write_preset(tmp / "preset.yaml", base="offline"), tmp=tmp) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def listener() -> Transcriber:
+    return Transcriber(asr_model_dir("packaged"))
+
+
+def agent_audio(call: Call, since: float) -> np.ndarray:
+    """What the client received of the agent (48 kHz mono) after ``since``."""
+    chunks = [s for t, s, _ in call.peer.frames if t >= since]
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+
+async def ask(call: Call, question: str, count: int) -> tuple[str, dict]:
+    """Say ``question``; returns the server's transcript of it and the ``response.done``."""
+    await call.mic.say(natural_speech(question, 48000, 0.3, 0.0))
+    heard = await call.wait_event("conversation.item.input_audio_transcription.completed", count)
+    done = await call.wait_event("response.done", count)
+    return heard["transcript"], done
+
+
+async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent(
+        server: ServerProcess, listener: Transcriber) -> None:
+    call = await open_call(server)
+    loop = asyncio.get_running_loop()
+    for turn, (question, answer) in enumerate(
+            [("What is the capital of France?", "paris"), ("What is the capital of Japan?", "tokyo")], 1):
+        start = loop.time()
+        transcript, done = await ask(call, question, turn)
+        assert wer(question, transcript) <= 0.2, transcript
+        assert done["response"]["status"] == "completed", done
+        said = done["response"]["output"][0]["content"][0]["transcript"]
+        assert answer in said.lower(), said
+        await call.wait_event("output_audio_buffer.stopped", turn)
+        heard = await asyncio.to_thread(listener.transcribe, agent_audio(call, start), 48000)
+        assert wer(said, heard) <= 0.35, (said, heard)
+    # A long answer, interrupted while the language model and the synthesis are still at work.
+    aborts = server.metric("pipeline_abort_clear_seconds_count")
+    heard_before = audible_seconds(call)
+    call.mic.say(natural_speech("Please tell me a long story about a brave knight and a dragon.",
+                                48000, 0.3, 0.0))
+    await call.wait_event("output_audio_buffer.started", 3)
+    await call.peer.wait_for(lambda: audible_seconds(call) >= heard_before + 1.2)
+    await wait_stages_busy(server, ["lm", "tts"])
+    call.mic.say(natural_speech("Stop, that is enough, thank you.", 48000, 0.0, 0.0))
+    cancelled = await call.wait_event("response.done", 3)
+    assert cancelled["response"]["status"] == "cancelled"
+    truncated = await call.wait_event("conversation.item.truncated")
+    assert truncated["audio_end_ms"] >= 1000
+    assert server.metric("pipeline_abort_clear_seconds_count") >= aborts + 1
+    now = loop.time()
+    await call.peer.wait_for(lambda: any(t >= now + 1.0 for t, _, _ in call.peer.frames))
+    assert audible_seconds(call, since=now + 0.2) == 0.0
+    # The interruption is the next turn, and it is answered.
+    assert (await call.wait_event("response.done", 4))["response"]["status"] == "completed"
+    await hang_up(server, call)
+    await wait_stages_idle(server, STAGES)
