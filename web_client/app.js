@@ -42,6 +42,8 @@ function settings() {
   return {
     instructions: fields.instructions.value,
     voice: fields.voice.value,
+    turnDetection: fields.turnDetection.value,
+    eagerness: fields.eagerness.value,
     vadThreshold: fields.vadThreshold.valueAsNumber,
     silenceDurationMs: fields.silenceDurationMs.valueAsNumber,
   };

@@ -45,22 +45,18 @@ export function audioConstraints({ deviceId, echoCancellation, noiseSuppression,
 
 /**
  * The `session.update` for the settings form. Empty instructions or voice leave the server's own;
- * turn detection is always server_vad with answers and barge-in on, since this is a voice chat.
+ * turn detection is server_vad (a silence ends the turn) or semantic_vad (the server judges when
+ * the user has finished), always with answers and barge-in on, since this is a voice chat.
  */
-export function sessionUpdate({ instructions, voice, vadThreshold, silenceDurationMs }) {
+export function sessionUpdate({
+  instructions, voice, turnDetection = 'server_vad', eagerness = 'auto', vadThreshold, silenceDurationMs,
+}) {
+  const turns = turnDetection === 'semantic_vad'
+    ? { type: 'semantic_vad', eagerness }
+    : { type: 'server_vad', threshold: vadThreshold, silence_duration_ms: silenceDurationMs };
   const session = {
     type: 'realtime',
-    audio: {
-      input: {
-        turn_detection: {
-          type: 'server_vad',
-          threshold: vadThreshold,
-          silence_duration_ms: silenceDurationMs,
-          create_response: true,
-          interrupt_response: true,
-        },
-      },
-    },
+    audio: { input: { turn_detection: { ...turns, create_response: true, interrupt_response: true } } },
   };
   if (instructions.trim()) session.instructions = instructions.trim();
   if (voice.trim()) session.audio.output = { voice: voice.trim() };

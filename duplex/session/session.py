@@ -5,8 +5,14 @@ inbound audio (``on_audio``, 16 kHz float32) and, through ``ClientEvents``, clie
 session sends server events through its ``SessionTransport`` and agent audio through its
 ``AgentAudio``, and reaches the model only through a ``ModelPipeline`` (``stream`` / ``abort``).
 
+A turn ends by silence (server_vad) or when the end-of-turn model and the pause say the user has
+finished (semantic_vad, :class:`~duplex.turns.semantic.SemanticTurnJudge`).
+
 States (:class:`State`): listening → user_speaking → thinking → speaking → listening. While a
-response is active and ``interrupt_response`` is on, barge-in adds a sub-state (``barge_in``):
+response is active and ``interrupt_response`` is on, barge-in adds a sub-state (``barge_in``).
+Where the client plays the audio (WebSocket), onset is at once a confirmed interruption:
+``speech_started`` goes out so the client stops playing, and the response is cancelled. Where the
+server paces the audio (WebRTC, SIP):
 
 1. speech onset holds the agent's audio at once (no event): :class:`PendingInterruption`;
 2. speech that lasts ``interrupt_min_speech_ms`` confirms it: ``speech_started`` (with the real
@@ -47,6 +53,7 @@ from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.response import Response
 from duplex.session.states import BargeIn, Cancelling, PendingInterruption, SessionTransport, State
 from duplex.settings import SessionDefaults
+from duplex.turns.semantic import SemanticTurnJudge
 from duplex.turns.server_vad import SpeechStarted, SpeechStopped, TurnDetector
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
 from pipeline.proto import OmniRequest
@@ -80,6 +87,7 @@ class Session:
         self.barge_in: BargeIn = None
         self.log = logging.LoggerAdapter(log, {"session_id": session_id})
         self._detector = TurnDetector(self.config.turn_detection, self._max_turn_ms)
+        self._judge = SemanticTurnJudge()
         self._manual_buffer: list[np.ndarray] = []
         self._manual_samples = 0
         self._decoder = InboundDecoder(self.config.input_format)
@@ -113,6 +121,7 @@ class Session:
         if self._response is not None:
             await self.cancel_response("session_closed")
         self._detector.reset()
+        self._judge.forget()
         self.history.clear()
         self._manual_buffer.clear()
         self.log.info("session %s closed", self.id)
@@ -153,7 +162,22 @@ class Session:
                     self._on_onset(turn_event, received_at)
                 else:
                     self._on_turn_end(turn_event)
+            if self._semantic_turn_end():
+                stop = self._detector.end_turn()
+                assert stop is not None
+                self._on_turn_end(stop)
             self._check_interruption()
+
+    def _semantic_turn_end(self) -> bool:
+        """semantic_vad: whether the end-of-turn model and the pause end the user's turn now."""
+        td = self.config.turn_detection
+        if td is None or td.type != "semantic_vad" or isinstance(self.barge_in, PendingInterruption):
+            return False
+        return self._judge.should_end(self._detector, td.eagerness)
+
+    async def settled(self) -> None:
+        """Until the end-of-turn model answered for the current pause (tests on virtual time)."""
+        await self._judge.settled()
 
     async def on_wire_audio(self, b64: str) -> None:
         """``input_audio_buffer.append`` audio, in the session's input format.
@@ -194,6 +218,11 @@ class Session:
                 and td is not None and td.interrupt_response)
 
     def _on_onset(self, onset: SpeechStarted, received_at: float) -> None:
+        if self._agent_interruptible() and self.barge_in is None and not self.audio.paces_playout:
+            # The client plays the audio: nothing to hold here, so speech_started goes out now
+            # (the client stops playing at once) and the response is cancelled (as OpenAI does).
+            self._confirm_interruption(PendingInterruption(onset.start_ms, self.audio.heard_ms()))
+            return
         if self._agent_interruptible() and self.barge_in is None:
             self.audio.pause()
             self.barge_in = PendingInterruption(onset.start_ms, self.audio.heard_ms())

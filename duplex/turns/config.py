@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from duplex.turns.semantic_policy import Eagerness
+
+TYPES = ("server_vad", "semantic_vad")
+
 # Inclusive ranges. The upper bounds keep one session's settings from costing others: the VAD
 # copies the prefix on every 32 ms window, and a silence of minutes would hold a turn open.
 THRESHOLD_RANGE = (0.01, 0.99)
@@ -27,9 +31,13 @@ class TurnDetectionError(ValueError):
 
 @dataclass(frozen=True)
 class TurnDetection:
-    """server_vad: speech probability threshold, audio kept before the onset, the silence that
-    ends a turn, and whether the end of a turn answers / speech over the agent interrupts it."""
+    """``type`` server_vad: a turn ends after ``silence_duration_ms`` of silence; semantic_vad: when
+    the end-of-turn model and the pause say the user has finished (``eagerness``), within a
+    maximum wait. Both: speech probability threshold, audio kept before the onset, and whether the
+    end of a turn answers / speech over the agent interrupts it."""
 
+    type: str = "server_vad"
+    eagerness: str = "auto"
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -37,6 +45,10 @@ class TurnDetection:
     interrupt_response: bool = True
 
     def __post_init__(self) -> None:
+        if self.type not in TYPES:
+            raise TurnDetectionError("type", f"type must be one of {list(TYPES)}")
+        if self.eagerness not in set(Eagerness):
+            raise TurnDetectionError("eagerness", f"eagerness must be one of {[e.value for e in Eagerness]}")
         for name, (low, high) in (
             ("threshold", THRESHOLD_RANGE),
             ("prefix_padding_ms", PREFIX_PADDING_MS_RANGE),

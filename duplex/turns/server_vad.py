@@ -129,6 +129,19 @@ class TurnDetector:
         self._pending = audio[windows * WINDOW :].copy()
         return events
 
+    @property
+    def pause_start(self) -> int:
+        """Where the current pause began (the end of the last speech window), in samples."""
+        return self._speech_end
+
+    def turn_audio(self) -> np.ndarray:
+        """The current turn's audio so far, prefix and trailing silence included (a copy)."""
+        return np.concatenate(self._turn) if self._turn else np.zeros(0, dtype=np.float32)
+
+    def end_turn(self) -> SpeechStopped | None:
+        """Close the current turn here (a semantic decision); None when no turn is open."""
+        return self._stop(forced=False) if self.in_speech else None
+
     def discard_turn(self) -> None:
         """Drop the current turn without an event (a false interruption, a cleared buffer)."""
         self._close_turn()
@@ -145,7 +158,9 @@ class TurnDetector:
         self._turn.append(window)
         if self._probability >= self.threshold - HYSTERESIS:
             self._speech_end = self._position
-        if self._position - self._speech_end >= _samples(self.config.silence_duration_ms):
+        # semantic_vad: the session's SemanticTurnJudge ends the turn (``end_turn``), not silence.
+        if (self.config.type == "server_vad"
+                and self._position - self._speech_end >= _samples(self.config.silence_duration_ms)):
             return self._stop(forced=False)
         if self._position - self._prefix_start >= _samples(self.max_turn_ms):
             return self._stop(forced=True)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from duplex.media.paced_track import OutboundAudioTrack
-from duplex.media.playout import PacedPlayout
+from duplex.media.playout import ClientPlayout, PacedPlayout
 from duplex.registry import SessionRegistry
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
@@ -236,3 +236,26 @@ async def test_a_failing_event_handler_becomes_an_error_event_and_later_events_s
     assert host.of("session.updated")[0]["session"]["instructions"] == "Be brief."
     await host.binding.close()
     assert host.binding.ended.is_set()
+
+
+async def test_where_the_client_plays_the_audio_onset_cancels_at_once() -> None:
+    """WebSocket: the client plays the audio, so speech_started goes out at the onset (it stops
+    playing now) and the response is cancelled; there is no paused audio to resume."""
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    host.session.audio = ClientPlayout()
+    host.session.audio.listener = host.session
+    await ask(host, pipeline)
+    pipeline.push(text="A long answer. ", audio=tone(2.0), sample_rate=RATE)
+    await host.until(lambda: "response.output_audio.delta" in host.types())
+    host.session._detector.reset()  # a fresh stream position: the next onset is at a known time
+    word = speech("Hey", 16000, 0.0, 0.0)
+    onset = int(np.nonzero(np.abs(word) > 0.01)[0][0])
+    # 100 ms of speech: less than interrupt_min_speech_ms, which a paced transport waits for.
+    for i in range(onset, onset + 1600, STEP):
+        host.session.on_audio(word[i : i + STEP])
+    assert len(host.of("input_audio_buffer.speech_started")) == 2, "no speech_started at the onset"
+    await host.until(lambda: "response.done" in host.types())
+    assert host.of("response.done")[0]["response"]["status"] == "cancelled"
+    assert pipeline.aborted == [pipeline.requests[0].request_id]
+    await host.binding.end("test over")

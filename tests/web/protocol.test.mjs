@@ -22,6 +22,13 @@ test('session.update carries server_vad turn detection from the settings', () =>
   assert.deepEqual(JSON.parse(JSON.stringify(event)), event, 'the event survives JSON as it is');
 });
 
+test('session.update carries semantic_vad with its eagerness when chosen', () => {
+  const event = sessionUpdate({ ...SETTINGS, turnDetection: 'semantic_vad', eagerness: 'high' });
+  assert.deepEqual(event.session.audio.input.turn_detection, {
+    type: 'semantic_vad', eagerness: 'high', create_response: true, interrupt_response: true,
+  });
+});
+
 test('session.update sends instructions and voice when given', () => {
   const { session } = sessionUpdate({ ...SETTINGS, instructions: '  Be brief. ', voice: ' Ethan ' });
   assert.equal(session.instructions, 'Be brief.');
