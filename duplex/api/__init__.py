@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 
 def routers() -> list[APIRouter]:
-    from duplex.api import chat_completions, health, realtime_calls, realtime_ws
+    from duplex.api import chat_completions, health, realtime_calls, realtime_ws, twilio
 
-    return [health.router, realtime_calls.router, realtime_ws.router, chat_completions.router]
+    return [health.router, realtime_calls.router, realtime_ws.router, chat_completions.router,
+            twilio.router]

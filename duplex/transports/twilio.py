@@ -1,0 +1,191 @@
+"""One Twilio Media Stream (``GET /v1/telephony/twilio``) bound to a Session: a phone call that
+Twilio bridges to the server over a WebSocket.
+
+Twilio's protocol (its Media Streams, bidirectional): ``connected``, ``start`` (the stream's
+``streamSid`` and the TwiML's ``customParameters``), ``media`` (base64 μ-law 8 kHz), ``mark``
+(the echo of a mark we sent, once its audio was played), ``dtmf`` and ``stop`` come in; ``media``,
+``mark`` and ``clear`` go out. Twilio plays whatever it receives, so the agent's voice goes through
+a :class:`~duplex.media.marked_playout.MarkedPlayout`: marks tell what the caller heard, ``clear``
+stops the audio at a barge-in's onset, and a false interruption sends again from the last
+acknowledged mark.
+
+Realtime server events have nowhere to go on a phone call: they are dropped (the session's log
+keeps the story). The connection owns its binding from ``admit`` until ``run`` returns: ``stop``,
+the socket closing or the server shutting down end the session and release the slot once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from duplex.media.marked_playout import MarkedPlayout
+from duplex.media.pcm import pcm16_to_float, ulaw_decode, ulaw_encode
+from duplex.media.resample import Resampler
+from duplex.protocol.events import new_id
+from duplex.registry import SessionRegistry
+from duplex.session.model_pipeline import ModelPipeline
+from duplex.session.session import Session
+from duplex.settings import ServerSettings
+from duplex.transports.binding import SessionBinding
+from duplex.turns.vad import SAMPLE_RATE as SESSION_RATE
+
+log = logging.getLogger(__name__)
+
+TWILIO_RATE = 8000
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY_VIOLATION = 1008
+SHUTDOWN_GRACE_S = 5.0
+
+
+class TwilioStreamError(ValueError):
+    """A message that breaks the Media Streams protocol; the stream is closed with 1008."""
+
+
+class TwilioConnection:
+    kind = "twilio"
+
+    def __init__(self, websocket: WebSocket, settings: ServerSettings, pipeline: ModelPipeline,
+                 registry: SessionRegistry, model_name: str, api_key: str | None) -> None:
+        self.id = new_id("twilio")
+        self.websocket = websocket
+        self.stream_sid: str | None = None
+        self._api_key = api_key
+        self._outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.playout = MarkedPlayout(TWILIO_RATE, self._media, self._mark, self._clear)
+        self.session = Session(self.id, self, self.playout, pipeline, settings.session,
+                               settings.voices, model_name)
+        self.binding = SessionBinding(self.session, registry, self._close)
+        self._inbound = Resampler(TWILIO_RATE, SESSION_RATE)
+        self._task: asyncio.Task[Any] | None = None
+        self.log = logging.LoggerAdapter(log, {"session_id": self.id})
+
+    def admit(self) -> None:
+        """Take a registry slot; raises TooManySessions."""
+        self.binding.admit()
+
+    async def run(self, query_token: str | None) -> None:
+        """Serve the stream until it ends, then release everything (call after ``admit``)."""
+        self._task = asyncio.current_task()
+        writer = asyncio.get_running_loop().create_task(self._write())
+        reason = "cancelled"
+        try:
+            self.binding.start()
+            reason = await self._read(query_token)
+        except TwilioStreamError as err:
+            reason = f"protocol error: {err}"
+            self.log.warning("closing the stream: %s", err)
+            await self.websocket.close(CLOSE_POLICY_VIOLATION, str(err)[:120])
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            await self.binding.end(f"twilio {reason}")
+
+    async def _close(self, reason: str) -> None:
+        self._outbox.put_nowait(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.binding.ended.wait()), SHUTDOWN_GRACE_S)
+        except TimeoutError:
+            if self._task is not None:
+                self._task.cancel()
+
+    # --- SessionTransport --------------------------------------------------------------------
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        """A phone call has no events channel."""
+
+    # --- out: what MarkedPlayout sends ---------------------------------------------------------
+
+    def _media(self, samples: np.ndarray) -> None:
+        payload = base64.b64encode(ulaw_encode(samples)).decode("ascii")
+        self._outbox.put_nowait({"event": "media", "streamSid": self.stream_sid,
+                                 "media": {"payload": payload}})
+
+    def _mark(self, name: str) -> None:
+        self._outbox.put_nowait({"event": "mark", "streamSid": self.stream_sid, "mark": {"name": name}})
+
+    def _clear(self) -> None:
+        self._outbox.put_nowait({"event": "clear", "streamSid": self.stream_sid})
+
+    async def _write(self) -> None:
+        while (message := await self._outbox.get()) is not None:
+            try:
+                await self.websocket.send_text(json.dumps(message))
+            except (WebSocketDisconnect, RuntimeError, OSError) as err:
+                self.log.info("twilio send failed: %s", err)
+                return
+        await self.websocket.close(CLOSE_GOING_AWAY, "server shutting down")
+
+    # --- in --------------------------------------------------------------------------------
+
+    async def _read(self, query_token: str | None) -> str:
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return f"closed with {message.get('code')}"
+            event = _parse(message.get("text") or message.get("bytes") or b"")
+            kind = event.get("event")
+            if kind == "start":
+                self._start(event, query_token)
+            elif kind == "stop":
+                return "stop"
+            elif self.stream_sid is None and kind != "connected":
+                raise TwilioStreamError(f"{kind!r} before 'start'")
+            elif kind == "media":
+                self._on_media(event)
+            elif kind == "mark":
+                self.playout.on_mark(str(_field(event, "mark", dict).get("name", "")))
+            elif kind == "dtmf":
+                self.session.on_dtmf(str(_field(event, "dtmf", dict).get("digit", "")))
+
+    def _start(self, event: dict[str, Any], query_token: str | None) -> None:
+        start = _field(event, "start", dict)
+        parameters = start.get("customParameters") or {}
+        token = parameters.get("token") if isinstance(parameters, dict) else None
+        key = self._api_key
+        if key is not None and not any(isinstance(t, str) and hmac.compare_digest(t.encode(), key.encode())
+                                       for t in (query_token, token)):
+            raise TwilioStreamError("missing or invalid token")
+        fmt = start.get("mediaFormat") or {}
+        if fmt and (fmt.get("encoding"), fmt.get("sampleRate")) != ("audio/x-mulaw", TWILIO_RATE):
+            raise TwilioStreamError(f"unsupported media format {fmt}")
+        self.stream_sid = str(event.get("streamSid") or start.get("streamSid") or "")
+        self.log.info("stream %s started (call %s)", self.stream_sid, start.get("callSid"))
+
+    def _on_media(self, event: dict[str, Any]) -> None:
+        media = _field(event, "media", dict)
+        if media.get("track", "inbound") != "inbound":
+            return
+        try:
+            pcm = ulaw_decode(base64.b64decode(str(media.get("payload", "")), validate=True))
+        except (binascii.Error, ValueError) as err:
+            raise TwilioStreamError(f"media payload is not base64: {err}") from None
+        samples = self._inbound.push(pcm16_to_float(pcm))
+        if len(samples):
+            self.binding.on_audio(samples, time.monotonic())
+
+
+def _parse(raw: str | bytes) -> dict[str, Any]:
+    try:
+        event = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise TwilioStreamError(f"not JSON: {err}") from None
+    if not isinstance(event, dict):
+        raise TwilioStreamError("a message must be a JSON object")
+    return event
+
+
+def _field(event: dict[str, Any], name: str, kind: type) -> Any:
+    value = event.get(name)
+    if not isinstance(value, kind):
+        raise TwilioStreamError(f"{event.get('event')!r} needs a {name!r} object")
+    return value
