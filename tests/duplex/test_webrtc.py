@@ -60,6 +60,9 @@ async def test_bad_offers_are_rejected_with_a_clear_reason(good_offer: str) -> N
         without(good_offer, "a=ice-pwd"): "no ICE credentials",
         good_offer.replace("opus/", "nopus/").replace("PCMU/", "X/").replace("PCMA/", "Y/")
         .replace("G722/", "Z/"): "no supported audio codec",
+        good_offer + "".join(f"a=candidate:{i} 1 udp 1 127.0.0.1 {1000 + i} typ host\r\n"
+                             for i in range(65)): "more than 64 ICE candidates",
+        good_offer + "a=x-padding:" + "x" * 70_000 + "\r\n": "larger than 65536 bytes",
     }
     for sdp, reason in cases.items():
         with pytest.raises(SdpError, match=reason):

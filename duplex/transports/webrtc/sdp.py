@@ -10,6 +10,14 @@ _AUDIO_CODECS = {c.mimeType.split("/")[1].lower()
                  for c in RTCRtpSender.getCapabilities("audio").codecs}
 
 
+# Bounds on what one offer may make the server do: aioice checks every remote candidate against
+# every earlier one, so tens of thousands of them keep the event loop busy for minutes. Browsers
+# send a handful of candidates and a few kB of SDP.
+MAX_SDP_BYTES = 64 * 1024
+MAX_CANDIDATES = 64
+MAX_MEDIA_SECTIONS = 8
+
+
 class SdpError(ValueError):
     """An offer this server cannot answer; the message says why (the HTTP layer answers 400)."""
 
@@ -23,6 +31,12 @@ def validate_offer(sdp: str) -> None:
     """
     if not sdp.lstrip().startswith("v=0"):
         raise SdpError("not an SDP offer: it must start with 'v=0'")
+    if len(sdp.encode()) > MAX_SDP_BYTES:
+        raise SdpError(f"the offer is larger than {MAX_SDP_BYTES} bytes")
+    if sdp.count("a=candidate:") > MAX_CANDIDATES:
+        raise SdpError(f"the offer has more than {MAX_CANDIDATES} ICE candidates")
+    if sdp.count("\nm=") + sdp.startswith("m=") > MAX_MEDIA_SECTIONS:
+        raise SdpError(f"the offer has more than {MAX_MEDIA_SECTIONS} media sections")
     try:
         description = SessionDescription.parse(sdp)
     except Exception as exc:  # the parser asserts, indexes and converts without checking
