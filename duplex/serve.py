@@ -22,6 +22,7 @@ from duplex.api import routers
 from duplex.api.errors import HANDLERS
 from duplex.app_state import AppState
 from duplex.logs import setup_logging
+from duplex.origin_guard import OriginGuard
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, load_preset
 from duplex.transports.sip.agent import SipAgent
@@ -85,6 +86,7 @@ def create_app(preset: Preset, policy: IcePolicy) -> FastAPI:
     for router in routers():
         app.include_router(router)
     app.mount("/", StaticFiles(directory=WEB_CLIENT, html=True), name="web_client")
+    app.add_middleware(OriginGuard, enabled=preset.settings.api_key is None)
     return app
 
 

@@ -111,3 +111,25 @@ async def test_ended_calls_leave_no_objects_behind(app_state: tuple[httpx.AsyncC
         await asyncio.sleep(0.02)
     alive = [type(ref()).__name__ for ref in slots if ref() is not None]
     assert not alive, f"still referenced after hang-up: {alive}"
+
+
+async def test_without_a_key_only_the_servers_own_pages_may_call(tmp_path: Path) -> None:
+    """A page on another site must not drive a key-less server from the user's browser."""
+    preset = load_preset(["--config", str(write_preset(tmp_path / "preset.yaml"))], environ={})
+    app = create_app(preset, IcePolicy(hosts=("127.0.0.1",)))
+    sdp = {"Content-Type": "application/sdp"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duplex") as http:
+        foreign = await http.post("/v1/realtime/calls", content="v=0",
+                                  headers={**sdp, "Origin": "https://evil.example"})
+        assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "cross_origin"
+        # The server's own page, and clients that are not browsers, get through to the endpoint.
+        own = await http.post("/v1/realtime/calls", content="v=0", headers={**sdp, "Origin": "http://duplex"})
+        assert own.status_code == 503  # the pipeline is not loaded in this app
+        assert (await http.post("/v1/realtime/calls", content="v=0", headers=sdp)).status_code == 503
+    keyed = create_app(load_preset(["--config", str(write_preset(tmp_path / "k.yaml", api_key="k"))],
+                                   environ={}), IcePolicy(hosts=("127.0.0.1",)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=keyed), base_url="http://duplex") as http:
+        # With a key, the key is the check: a foreign page without it gets 401, not 403.
+        response = await http.post("/v1/realtime/calls", content="v=0",
+                                    headers={**sdp, "Origin": "https://evil.example"})
+        assert response.status_code == 401
