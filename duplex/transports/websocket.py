@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 CLOSE_GOING_AWAY = 1001
 SHUTDOWN_GRACE_S = 5.0
+# Server events waiting for a client that does not read them (its socket buffers are full). Beyond
+# this the client is ended: a session's memory must not grow with a client that went deaf. A
+# second of agent audio is ~64 kB of events, so this is minutes of a client that only lags.
+MAX_UNSENT_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -53,11 +57,13 @@ class WebSocketConnection:
                  registry: SessionRegistry, model_name: str) -> None:
         self.id = new_id("sess")
         self.websocket = websocket
-        self._outbox: asyncio.Queue[dict[str, Any] | _Close] = asyncio.Queue()
+        self._outbox: asyncio.Queue[str | _Close] = asyncio.Queue()
+        self._unsent = 0  # bytes of the events in the outbox
         self.session = Session(self.id, self, ClientPlayout(), pipeline, settings.session,
                                settings.voices, model_name)
         self.binding = SessionBinding(self.session, registry, self._close)
         self._task: asyncio.Task[Any] | None = None
+        self._deaf = False  # the client stopped reading: the connection is being ended
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
 
     def admit(self) -> None:
@@ -90,7 +96,16 @@ class WebSocketConnection:
     # --- SessionTransport --------------------------------------------------------------------
 
     def send_event(self, event: dict[str, Any]) -> None:
-        self._outbox.put_nowait(event)
+        text = json.dumps(event)
+        if self._unsent + len(text) <= MAX_UNSENT_BYTES:
+            self._unsent += len(text)
+            self._outbox.put_nowait(text)
+            return
+        if not self._deaf and self._task is not None:
+            self._deaf = True
+            self.log.warning("the client reads none of its last %d MiB of events: ending the session",
+                             MAX_UNSENT_BYTES >> 20)
+            self._task.cancel()
 
     # --- the two directions ------------------------------------------------------------------
 
@@ -111,7 +126,8 @@ class WebSocketConnection:
                 if isinstance(item, _Close):
                     await self.websocket.close(item.code, item.reason)
                     return
-                await self.websocket.send_text(json.dumps(item))
+                self._unsent -= len(item)
+                await self.websocket.send_text(item)
             except (WebSocketDisconnect, RuntimeError, OSError) as err:
                 # The client is gone; the reader sees the disconnect and ends the session.
                 self.log.info("websocket send failed: %s", err)

@@ -29,10 +29,12 @@ from harness.speech import speech
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("webrtc")
-    # A model paced like a real one (2.4 s to write its 12 tokens, its talker keeping just ahead of
-    # playout), so that an interruption lands while every stage still holds the request.
+    # A model paced like a real one (4.8 s to write its 24 tokens, its talker keeping just ahead of
+    # playout), so that an interruption lands while every stage still holds the request, even on
+    # a loaded machine where playout falls behind.
     preset = write_preset(tmp / "preset.yaml", session={"inbound_media_timeout_s": 3.0}, stages={
-        "thinker": {"options": {"step_delay_s": 0.2}}, "talker": {"options": {"step_delay_s": 0.05}}})
+        "thinker": {"options": {"step_delay_s": 0.2, "answer_tokens": 24}},
+        "talker": {"options": {"step_delay_s": 0.05}}})
     with run_server(preset, tmp=tmp) as running:
         yield running
 
@@ -93,7 +95,7 @@ async def test_barge_in_stops_audio_cancels_and_truncates(server: ServerProcess)
         < types.index("conversation.item.truncated")
     item_id = done["response"]["output"][0]["id"]
     assert truncated["item_id"] == item_id
-    # The user heard about 1.2 s before talking; the answer was ~2.9 s long.
+    # The user heard about 1.2 s before talking; the answer was ~5.8 s long.
     assert 900 <= truncated["audio_end_ms"] <= 2600, truncated
     # The abort reached every stage while they held the request, and each acknowledged it.
     assert server.metric("pipeline_abort_clear_seconds_count") >= aborts + 1
@@ -123,7 +125,7 @@ async def test_false_interruption_resumes_the_answer(server: ServerProcess) -> N
     # The agent paused for the click, resumed, and the answer played to its end; no new turn.
     assert server.metric("duplex_barge_in_stop_seconds_count") == pauses + 1
     assert server.metric("duplex_barge_ins_total") == barge_ins
-    assert audible_seconds(call) >= 2.7
+    assert audible_seconds(call) >= 5.5  # the whole answer (5.76 s)
     assert "conversation.item.truncated" not in call.types()
     assert call.types().count("input_audio_buffer.speech_started") == 1
     await hang_up(server, call)
