@@ -21,6 +21,7 @@ install-test: install
 	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); }
 	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[ray]'
 
 serve: install
 	$(PY) -m duplex.serve

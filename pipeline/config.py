@@ -14,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SchedulerKind = Literal["simple", "ar", "vocoder"]
+Placement = Literal["local", "ray"]
+PlacementGroupStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
 class ConfigError(ValueError):
@@ -42,6 +44,12 @@ class StageConfig(BaseModel):
     chunk_frames: int = Field(default=4, ge=1, description="vocoder: frames per decode")
     first_chunk_frames: int = Field(default=1, ge=1, description="vocoder: frames of the 1st decode")
     options: dict[str, Any] = Field(default_factory=dict, description="passed to the factory")
+    # Ray placement only (``placement: ray``): what the stage's actor asks the cluster for.
+    num_cpus: float = Field(default=1.0, ge=0, description="ray: CPUs reserved for the actor")
+    num_gpus: float = Field(default=0.0, ge=0, description="ray: GPUs reserved for the actor")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="ray: custom resources of the actor (e.g. a node label)"
+    )
 
     @model_validator(mode="after")
     def _check_kind(self) -> StageConfig:
@@ -69,6 +77,42 @@ class PipelineConfig(BaseModel):
     shm_threshold_bytes: int = Field(
         default=65536, ge=0, description="tensors at least this large ride shared memory"
     )
+
+    placement: Placement = Field(
+        default="local", description="local: in-process or stage processes; ray: one actor per stage"
+    )
+    ray_address: str | None = Field(
+        default=None, description="ray: cluster to join ('auto', 'host:port'); None starts one here"
+    )
+    ray_namespace: str = Field(default="duplex", description="ray: namespace of the stage actors")
+    ray_name: str | None = Field(
+        default=None,
+        description="ray: name prefix of the stage actors; front ends with the same prefix share "
+        "them (default: derived from this config, so equal configs share)",
+    )
+    ray_placement_group: PlacementGroupStrategy | None = Field(
+        default=None, description="ray: reserve one bundle per stage with this strategy"
+    )
+    ray_spread: bool = Field(
+        default=False, description="ray: spread the stage actors over nodes (without a group)"
+    )
+    ray_max_restarts: int = Field(
+        default=-1, ge=-1, description="ray: restarts of a dead stage actor (-1: without limit)"
+    )
+
+    @model_validator(mode="after")
+    def _check_placement(self) -> PipelineConfig:
+        if self.placement != "ray":
+            return self
+        if self.ray_placement_group is not None:
+            for s in self.stages:
+                # Ray refuses an empty bundle: each stage must reserve something.
+                if not (s.num_cpus or s.num_gpus or any(s.resources.values())):
+                    raise ValueError(
+                        f"stages.{s.name}: with ray_placement_group a stage must reserve "
+                        "num_cpus, num_gpus or resources"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _check_graph(self) -> PipelineConfig:

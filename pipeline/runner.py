@@ -4,10 +4,12 @@
 process (spawned, so no model state is inherited), with a ZMQ control plane and shared-memory
 tensors; model compute then never shares a GIL with the event loop that paces audio.
 ``mode="inproc"`` runs every stage in this process on asyncio queues (tests, benchmarks).
+A preset with ``placement: ray`` runs each stage as a Ray actor instead, whatever the mode
+(``pipeline.placement``: the stages may live on other hosts and be shared by several front ends).
 
 The runner owns the stage tasks, or the IPC directory and the ProcessSupervisor (which starts,
-watches and restarts the stage processes); ``Coordinator.close`` stops and removes them (through the
-coordinator's ``shutdown_hook``).
+watches and restarts the stage processes), or the RaySupervisor of this front end; ``Coordinator.close``
+stops and removes them, or leaves the shared stage actors (through the coordinator's ``shutdown_hook``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 _JOIN_TIMEOUT_S = 10.0
 
 
-def _build_stage(config: PipelineConfig, spec: ModelSpec, stage: StageConfig, endpoint: Endpoint) -> Stage:
+def build_stage(config: PipelineConfig, spec: ModelSpec, stage: StageConfig, endpoint: Endpoint) -> Stage:
+    """The Stage of ``stage`` with its model runner and scheduler, talking through ``endpoint``."""
     runner = spec.factories[stage.runner](StageContext(stage, config.model_args))
     merge = spec.merges[stage.merge] if stage.merge else None
     return Stage(stage, build_scheduler(stage, runner), endpoint, merge)
@@ -52,7 +55,9 @@ async def start_pipeline(
 ) -> Coordinator:
     """Start every stage and return the coordinator once all are Ready (raises PipelineError)."""
     spec = resolve(config)
-    if mode == "inproc":
+    if config.placement == "ray":
+        coordinator = await _start_ray(config, spec, ready_timeout)
+    elif mode == "inproc":
         coordinator = await _start_inproc(config, spec)
     else:
         coordinator = _start_processes(config, spec)
@@ -61,7 +66,8 @@ async def start_pipeline(
     except BaseException:
         await coordinator.close()
         raise
-    log.info("pipeline ready: model %s, %d stages, mode %s", config.model, len(config.stages), mode)
+    where = "ray actors" if config.placement == "ray" else mode
+    log.info("pipeline ready: model %s, %d stages, %s", config.model, len(config.stages), where)
     return coordinator
 
 
@@ -84,7 +90,7 @@ async def _start_inproc(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
     for stage in config.stages:
         endpoint = hub.endpoint(stage.name)
         try:
-            built = await asyncio.to_thread(_build_stage, config, spec, stage, endpoint)
+            built = await asyncio.to_thread(build_stage, config, spec, stage, endpoint)
         except Exception as err:
             await coordinator.close()
             raise PipelineError(stage.name, f"could not start: {err}") from err
@@ -108,6 +114,25 @@ def _start_processes(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
         shutil.rmtree(directory, ignore_errors=True)
 
     coordinator.shutdown_hook = shutdown
+    return coordinator
+
+
+async def _start_ray(config: PipelineConfig, spec: ModelSpec, ready_timeout: float) -> Coordinator:
+    # Imported here: Ray is an optional dependency (the ``ray`` extra), needed only by this mode.
+    from pipeline.placement.ray_supervisor import RaySupervisor, find_or_create_stages
+
+    handles = await asyncio.to_thread(find_or_create_stages, config)
+    supervisor = RaySupervisor(config, handles)
+    coordinator = Coordinator(config, supervisor.endpoint, spec.output_sample_rate)
+    coordinator.shutdown_hook = supervisor.stop
+    coordinator.start()
+    supervisor.start(coordinator)
+    try:
+        await supervisor.describe(ready_timeout)
+    except BaseException:
+        await coordinator.close()
+        raise
+    log.info("stage actors: %s", {s: i["node_id"][:8] for s, i in supervisor.placement.items()})
     return coordinator
 
 
@@ -140,7 +165,7 @@ async def _serve_group(
     built: list[Stage] = []
     for stage in stages:
         try:
-            built.append(await asyncio.to_thread(_build_stage, config, spec, stage, endpoints[stage.name]))
+            built.append(await asyncio.to_thread(build_stage, config, spec, stage, endpoints[stage.name]))
         except Exception as err:  # noqa: BLE001 - reported to the coordinator, then exit
             log.exception("stage %s could not start", stage.name)
             detail = "".join(traceback.format_exception_only(err)).strip()
