@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from duplex.protocol.voices import OPENAI_VOICES
 from duplex.session.config import SessionConfig
 from duplex.turns.config import TurnDetection
 from pipeline.config import ConfigError, PipelineConfig, parse_pipeline_config, read_yaml
@@ -37,6 +38,9 @@ class SessionDefaults(BaseModel):
     inbound_media_timeout_s: float = Field(default=10.0, gt=0)
     max_input_audio_s: float = Field(default=120.0, gt=0)
     max_output_tokens: int | None = Field(default=None, ge=1)
+    # Client voice names (OpenAI's) → the preset's voices; the preset file's top-level
+    # ``voice_map`` (see ServerSettings), every OpenAI voice it leaves out speaking as its first voice.
+    voice_map: dict[str, str] = Field(default_factory=dict)
 
     def session_config(self) -> SessionConfig:
         """A new session's settings, before any ``session.update``."""
@@ -69,6 +73,26 @@ class ServerSettings(BaseModel):
     pipeline_mode: Literal["process", "inproc"] = "process"
     voices: list[str] = Field(default_factory=lambda: ["default"])
     session: SessionDefaults = Field(default_factory=SessionDefaults)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _voice_map(cls, data: Any) -> Any:
+        """The file's top-level ``voice_map`` becomes the sessions' ``session.voice_map``: every
+        OpenAI voice name maps to one of ``voices`` (the first unless the file says otherwise)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        voices = data.get("voices") or ["default"]
+        given = data.pop("voice_map", None) or {}
+        if not isinstance(given, dict):
+            raise ValueError("voice_map must map client voice names to voices of the preset")
+        unknown = {name: v for name, v in given.items() if v not in voices}
+        if unknown:
+            raise ValueError(f"voice_map: {unknown} name voices the preset lacks (voices: {voices})")
+        session = data.get("session") or {}
+        if isinstance(session, dict):
+            data["session"] = {**session, "voice_map": {**{v: voices[0] for v in OPENAI_VOICES}, **given}}
+        return data
 
 
 @dataclass(frozen=True)

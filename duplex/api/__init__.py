@@ -6,7 +6,15 @@ from fastapi import APIRouter
 
 
 def routers() -> list[APIRouter]:
-    from duplex.api import chat_completions, health, realtime_calls, realtime_ws, twilio
+    from duplex.api import (
+        chat_completions,
+        client_secrets,
+        health,
+        models,
+        realtime_calls,
+        realtime_ws,
+        twilio,
+    )
 
     return [health.router, realtime_calls.router, realtime_ws.router, chat_completions.router,
-            twilio.router]
+            twilio.router, models.router, client_secrets.router]

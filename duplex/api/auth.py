@@ -1,4 +1,5 @@
-"""``--api-key``: every endpoint but ``/``, static files and ``/healthz`` requires the key.
+"""``--api-key``: every endpoint but ``/``, static files and ``/healthz`` requires the key, or a live
+ephemeral client secret minted with it (``duplex.api.client_secrets``; minting itself takes the key).
 
 HTTP: ``Authorization: Bearer KEY`` (401 otherwise). WebSocket: that header, or the
 ``openai-insecure-api-key.KEY`` subprotocol that OpenAI's browser SDK sends (the server then answers
@@ -8,9 +9,11 @@ with the ``realtime`` subprotocol); a refused WebSocket is closed with 1008 befo
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
 from fastapi import Request, WebSocket
 
+from duplex.api.ephemeral_keys import ClientSecret, client_secrets
 from duplex.api.errors import APIError
 from duplex.app_state import AppState
 
@@ -31,26 +34,58 @@ def _bearer(header: str | None) -> str | None:
     return None
 
 
+def _secret(app_state_holder: Any, given: str | None) -> ClientSecret | None:
+    return client_secrets(app_state_holder).check(given)
+
+
+def _refused() -> APIError:
+    return APIError(401, "missing or invalid API key (Authorization: Bearer KEY)", "invalid_api_key",
+                    kind="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_api_key(request: Request) -> None:
+    """FastAPI dependency: the API key itself (no ephemeral secret)."""
+    key = app_state(request).settings.api_key
+    if key is not None and not _matches(_bearer(request.headers.get("authorization")), key):
+        raise _refused()
+
+
 def require_key(request: Request) -> None:
-    """FastAPI dependency for HTTP endpoints."""
+    """FastAPI dependency for HTTP endpoints: the API key or a live client secret."""
     key = app_state(request).settings.api_key
     if key is None:
         return
-    if not _matches(_bearer(request.headers.get("authorization")), key):
-        raise APIError(401, "missing or invalid API key (Authorization: Bearer KEY)", "invalid_api_key",
-                       kind="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+    given = _bearer(request.headers.get("authorization"))
+    if not _matches(given, key) and _secret(request.app.state, given) is None:
+        raise _refused()
+
+
+def request_secret(request: Request) -> ClientSecret | None:
+    """The live client secret an HTTP request carries, or None."""
+    return _secret(request.app.state, _bearer(request.headers.get("authorization")))
+
+
+def _websocket_keys(websocket: WebSocket) -> list[str]:
+    given = [_bearer(websocket.headers.get("authorization"))]
+    given += [p[len(SUBPROTOCOL_PREFIX):] for p in websocket.scope.get("subprotocols", [])
+              if p.startswith(SUBPROTOCOL_PREFIX)]
+    return [g for g in given if g]
+
+
+def websocket_secret(websocket: WebSocket) -> ClientSecret | None:
+    """The live client secret the WebSocket carries (header or subprotocol), or None."""
+    return next((s for g in _websocket_keys(websocket)
+                 if (s := _secret(websocket.app.state, g)) is not None), None)
 
 
 def websocket_key_ok(websocket: WebSocket, key: str | None, query_token: str | None = None) -> bool:
-    """Whether a WebSocket carries the key (header, subprotocol, or a token where allowed)."""
+    """Whether a WebSocket carries the key or a live client secret (header, subprotocol), or a
+    token where allowed."""
     if key is None:
         return True
-    if _matches(_bearer(websocket.headers.get("authorization")), key):
+    if any(_matches(g, key) for g in _websocket_keys(websocket)):
         return True
-    for protocol in websocket.scope.get("subprotocols", []):
-        if protocol.startswith(SUBPROTOCOL_PREFIX) and _matches(protocol[len(SUBPROTOCOL_PREFIX):], key):
-            return True
-    return _matches(query_token, key)
+    return _matches(query_token, key) or websocket_secret(websocket) is not None
 
 
 def websocket_subprotocol(websocket: WebSocket) -> str | None:

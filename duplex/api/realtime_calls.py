@@ -14,9 +14,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from duplex.api.auth import app_state, require_key
+from duplex.api.auth import app_state, request_secret, require_key
+from duplex.api.ephemeral_keys import apply_secret_session
 from duplex.api.errors import MAX_BODY_BYTES, APIError, read_body, require_pipeline
-from duplex.protocol.events import RealtimeError
 from duplex.protocol.session_update import apply_session_update
 from duplex.registry import TooManySessions
 from duplex.transports.webrtc.call import WebRTCCall
@@ -62,11 +62,17 @@ async def create_call(request: Request) -> Response:
     pipeline = require_pipeline(state)
     sdp, session = await _offer(request)
     call = WebRTCCall(state.settings, state.policy, pipeline, state.registry, state.settings.preset)
+    secret = request_secret(request)
+    if secret is not None and secret.session is not None:
+        apply_secret_session(call.session, secret.session)
     if session is not None:
-        try:
-            call.session.reconfigure(apply_session_update(call.session.config, session, state.settings.voices))
-        except RealtimeError as err:
-            raise APIError(400, err.message, err.code, param=err.param) from None
+        if not isinstance(session, dict):
+            raise APIError(400, "the 'session' part must be a JSON object", "invalid_session", param="session")
+        voices = [*call.session.voices, *call.session.defaults.voice_map]
+        config, errors = apply_session_update(call.session.config, session, voices)
+        if errors:  # no event channel yet to report them on: the offer is refused
+            raise APIError(400, errors[0].message, errors[0].code, param=errors[0].param)
+        call.session.reconfigure(config)
     try:
         answer = await call.start(sdp)
     except TooManySessions as err:

@@ -20,7 +20,8 @@ import logging
 
 from fastapi import APIRouter, WebSocket
 
-from duplex.api.auth import websocket_key_ok, websocket_subprotocol
+from duplex.api.auth import websocket_key_ok, websocket_secret, websocket_subprotocol
+from duplex.api.ephemeral_keys import apply_secret_session
 from duplex.app_state import AppState
 from duplex.protocol.events import error_event
 from duplex.registry import TooManySessions
@@ -52,6 +53,9 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
         return
     connection = WebSocketConnection(websocket, state.settings, pipeline, state.registry,
                                   model or state.settings.preset)
+    secret = websocket_secret(websocket)
+    if secret is not None and secret.session is not None:
+        apply_secret_session(connection.session, secret.session)
     try:
         connection.admit()
     except TooManySessions as err:

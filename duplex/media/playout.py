@@ -96,16 +96,18 @@ class PacedPlayout:
         self.listener: PlayoutListener | None = None
         self._resampler: Resampler | None = None
         self._item: _Item | None = None
+        self._last_response: str | None = None  # the response whose audio went out last
         self._played = asyncio.Event()  # set when the queue ran dry or was cleared
         track.on_playout = self._on_track
 
     def _send(self, kind: str) -> None:
-        if self.listener is not None:
-            ids = {} if self._item is None else {"response_id": self._item.response_id}
-            self.listener.send(event(kind, **ids))
+        # The GA events name a response; a clear with nothing ever played has none to name.
+        if self.listener is not None and self._last_response is not None:
+            self.listener.send(event(kind, response_id=self._last_response))
 
     def begin(self, response_id: str, item_id: str, output_format: str) -> None:
         self._item = _Item(response_id, item_id)
+        self._last_response = response_id
 
     def play(self, samples: np.ndarray, sample_rate: int) -> None:
         if self._item is None:

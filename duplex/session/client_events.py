@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 
 from duplex.protocol.events import RealtimeError, error_event, event, new_id
+from duplex.protocol.items import wire_item
+from duplex.protocol.response_create import response_spec
 from duplex.protocol.session_update import apply_session_update
 from duplex.protocol.wire_audio import AudioFormatError
-from duplex.session.history import Item
+from duplex.session.history import FunctionCall, Item
 from duplex.session.session import Session
 
 MAX_TEXT_CHARS = 100_000
@@ -44,6 +46,7 @@ class ClientEvents:
             "conversation.item.create": self._item_create,
             "conversation.item.truncate": self._item_truncate,
             "conversation.item.delete": self._item_delete,
+            "conversation.item.retrieve": self._item_retrieve,
             "response.create": self._response_create,
             "response.cancel": self._response_cancel,
             "output_audio_buffer.clear": self._output_clear,
@@ -72,33 +75,43 @@ class ClientEvents:
 
     async def _session_update(self, message: dict[str, Any]) -> None:
         session = self.session
-        config = apply_session_update(session.config, _field(message, "session", dict), session.voices)
+        voices = [*session.voices, *session.defaults.voice_map]
+        config, errors = apply_session_update(session.config, _field(message, "session", dict), voices)
         session.reconfigure(config)
+        for err in errors:
+            session.log.info("session.update: %s refused: %s", err.param, err.message)
+            session.send(error_event(err.message, err.code, err.param, message.get("event_id")))
         session.send(event("session.updated", session=session.session_object()))
 
     async def _append(self, message: dict[str, Any]) -> None:
         await self.session.on_wire_audio(_field(message, "audio", str))
 
     async def _commit(self, message: dict[str, Any]) -> None:
-        if self.session.config.turn_detection is not None:
-            raise RealtimeError("server_vad commits turns itself; set turn_detection to null to commit",
-                                code="invalid_request")
-        self.session.commit_manual_buffer()
+        self.session.commit_input()
 
     async def _clear(self, message: dict[str, Any]) -> None:
         self.session.clear_manual_buffer()
         self.session.send(event("input_audio_buffer.cleared"))
 
     async def _item_create(self, message: dict[str, Any]) -> None:
-        raw = _field(message, "item", dict)
-        if raw.get("type", "message") != "message":
-            raise RealtimeError(f"item type {raw.get('type')!r} is not supported", param="item.type")
+        self.session.create_item(self._item(_field(message, "item", dict), "item"))
+
+    def _item(self, raw: dict[str, Any], param: str) -> Item:
+        """A client's item (``conversation.item.create``, ``response.input``): a message, a function
+        call's output, or a function call (a past one, as some clients replay their history)."""
+        kind = raw.get("type", "message")
+        item_id = raw.get("id") if isinstance(raw.get("id"), str) else new_id("item")
+        if kind in ("function_call", "function_call_output"):
+            return Item(item_id, "assistant" if kind == "function_call" else "user",
+                        call=self._call(raw, kind, param))
+        if kind != "message":
+            raise RealtimeError(f"item type {kind!r} is not supported", param=f"{param}.type")
         role = raw.get("role")
         if role not in ("user", "assistant", "system"):
-            raise RealtimeError("item.role must be user, assistant or system", param="item.role")
+            raise RealtimeError(f"{param}.role must be user, assistant or system", param=f"{param}.role")
         content = raw.get("content")
         if not isinstance(content, list) or not content:
-            raise RealtimeError("item.content must be a non-empty list", param="item.content")
+            raise RealtimeError(f"{param}.content must be a non-empty list", param=f"{param}.content")
         texts: list[str] = []
         audio: list[np.ndarray] = []
         for part in content:
@@ -109,14 +122,40 @@ class ClientEvents:
                 audio.append(self.session.decode_wire_audio(_field(part, "audio", str)))
             else:
                 raise RealtimeError(f"content type {kind!r} is not supported for {role}",
-                                    param="item.content.type")
+                                    param=f"{param}.content.type")
         text = "".join(texts) or None
         if text is not None and len(text) > MAX_TEXT_CHARS:
-            raise RealtimeError(f"text longer than {MAX_TEXT_CHARS} characters", param="item.content")
-        item_id = raw.get("id") if isinstance(raw.get("id"), str) else new_id("item")
-        self.session.create_item(Item(item_id, role, text=text,
-                                      audio=np.concatenate(audio) if audio else None,
-                                      sample_rate=16000 if audio else None))
+            raise RealtimeError(f"text longer than {MAX_TEXT_CHARS} characters", param=f"{param}.content")
+        return Item(item_id, role, text=text, audio=np.concatenate(audio) if audio else None,
+                    sample_rate=16000 if audio else None)
+
+    def _call(self, raw: dict[str, Any], kind: str, param: str) -> FunctionCall:
+        call_id = _field(raw, "call_id", str)
+        if kind == "function_call":
+            return FunctionCall(call_id, _field(raw, "name", str), raw.get("arguments") or "")
+        output = _field(raw, "output", str)
+        if len(output) > MAX_TEXT_CHARS:
+            raise RealtimeError(f"output longer than {MAX_TEXT_CHARS} characters", param=f"{param}.output")
+        # The call it answers names the function for the model (when it is still in the history).
+        name = next((i.call.name for i in self.session.history.items
+                     if i.call is not None and i.call.call_id == call_id), "")
+        return FunctionCall(call_id, name, output=output)
+
+    def _input_item(self, raw: dict[str, Any], param: str) -> Item:
+        """An item of ``response.input``: a message, or a reference to an item of the history."""
+        if raw.get("type") != "item_reference":
+            return self._item(raw, param)
+        item = self.session.history.get(raw.get("id"))  # type: ignore[arg-type]
+        if item is None:
+            raise RealtimeError(f"no item {raw.get('id')!r}", code="item_not_found", param=f"{param}.id")
+        return item
+
+    async def _item_retrieve(self, message: dict[str, Any]) -> None:
+        item_id = _field(message, "item_id", str)
+        item = self.session.history.get(item_id)
+        if item is None:  # OpenAI's code, which clients (pipecat) match on
+            raise RealtimeError(f"no item {item_id!r}", code="item_retrieve_invalid_item_id", param="item_id")
+        self.session.send(event("conversation.item.retrieved", item=wire_item(item)))
 
     async def _item_truncate(self, message: dict[str, Any]) -> None:
         item_id = _field(message, "item_id", str)
@@ -132,20 +171,13 @@ class ClientEvents:
         self.session.delete_item(_field(message, "item_id", str))
 
     async def _response_create(self, message: dict[str, Any]) -> None:
-        overrides = _field(message, "response", dict, required=False) or {}
-        allowed = {}
-        if "instructions" in overrides:
-            allowed["instructions"] = _field(overrides, "instructions", str)
-        modalities = overrides.get("output_modalities", overrides.get("modalities"))
-        if modalities is not None:
-            if not isinstance(modalities, list) or not modalities \
-                    or not all(isinstance(m, str) for m in modalities) or not set(modalities) <= {"text", "audio"}:
-                raise RealtimeError("output_modalities must be a list of 'text' and/or 'audio'",
-                                    param="response.output_modalities")
-            allowed["output_modalities"] = modalities
-        if isinstance(overrides.get("max_output_tokens"), int):
-            allowed["max_output_tokens"] = overrides["max_output_tokens"]
-        self.session.start_response(overrides=allowed)
+        session = self.session
+        raw = _field(message, "response", dict, required=False) or {}
+        spec = response_spec(raw, session.config, [*session.voices, *session.defaults.voice_map])
+        items = None
+        if spec.input is not None:
+            items = [self._input_item(item, f"response.input[{i}]") for i, item in enumerate(spec.input)]
+        session.start_response(spec=spec, input_items=items)
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:
         if not await self.session.cancel_response("client_cancelled"):

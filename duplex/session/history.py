@@ -32,10 +32,31 @@ class Item:
     spans: list[tuple[int, int, str]] = field(default_factory=list)
     spoken_ms: int | None = None
     truncated_at_ms: int | None = None
+    speaks: bool = False  # an answer of the model's with audio (its content is output_audio)
+    # Function calling: a call of the model's (role assistant) or its result (role user), with
+    # ``call``'s name and arguments (JSON text), or the output the client sent.
+    call: FunctionCall | None = None
 
     @property
     def transcript(self) -> str:
         return "".join(d for d, _ in self.deltas) if self.deltas else (self.text or "")
+
+
+@dataclass
+class FunctionCall:
+    """A function call item (``output`` None) or its result (``function_call_output``). The model
+    sees both as text: the call as the assistant's, the result as the user's."""
+
+    call_id: str
+    name: str = ""
+    arguments: str = ""
+    output: str | None = None
+
+    @property
+    def as_text(self) -> str:
+        if self.output is None:
+            return f"(calling {self.name} with {self.arguments})"
+        return f"(result of {self.name or self.call_id}: {self.output})"
 
 
 class History:
@@ -99,8 +120,8 @@ class History:
         budget = self._max_audio_s
         kept: list[dict[str, Any]] = []
         for item in reversed(self.items):
-            message: dict[str, Any] = {"role": item.role, "text": item.transcript or None,
-                                       "audio": None, "sample_rate": None}
+            text = item.call.as_text if item.call is not None else item.transcript or None
+            message: dict[str, Any] = {"role": item.role, "text": text, "audio": None, "sample_rate": None}
             if item.audio is not None and item.sample_rate:
                 seconds = len(item.audio) / item.sample_rate
                 if seconds > budget:

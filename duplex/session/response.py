@@ -7,6 +7,11 @@ finishes as ``completed`` (every sample played out or sent), ``cancelled`` (barg
 ``response.cancel``, session end: the pipeline request is aborted and acknowledged first) or
 ``failed`` (a stage failed: an ``error`` event, and no success).
 
+Its output items are announced as they start: the assistant message at its first text or audio,
+a function call (``function_call`` chunks of the model: name, argument deltas) at its first piece;
+a response that made only a call has no message. ``response.create`` options (voice, modalities,
+caps, metadata, out of band) come in its :class:`ResponseSpec`.
+
 It talks to its session only through :class:`ResponseHost`; how the audio reaches the user (paced
 by the server or played by the client) is the AgentAudio's business, never the response's.
 """
@@ -24,8 +29,17 @@ import numpy as np
 
 from duplex import metrics
 from duplex.media.playout import AgentAudio
-from duplex.protocol.events import assistant_item, event, item_added, new_id, response_object
-from duplex.session.history import Item
+from duplex.protocol.events import (
+    assistant_item,
+    event,
+    function_call_item,
+    item_added,
+    new_id,
+    response_object,
+    usage_object,
+)
+from duplex.protocol.response_create import ResponseSpec
+from duplex.session.history import FunctionCall, Item
 from duplex.session.model_pipeline import ModelPipeline
 from pipeline.coordinator import PipelineError, PipelineOverloaded
 from pipeline.proto import OmniRequest, OutputChunk
@@ -55,6 +69,13 @@ class ResponseHost(Protocol):
     def on_response_done(self, response: Response) -> None:
         """``response.done`` went out: the response holds nothing any more."""
 
+    def add_item(self, item: Item) -> str | None:
+        """Append ``item`` to the conversation; returns the id of the item before it."""
+
+    def withdraw_item(self, item: Item) -> None:
+        """Take ``item``, never announced, out of the conversation (an answer that turned out to be
+        a function call only)."""
+
 
 async def _no_chunks() -> AsyncIterator[OutputChunk]:
     return
@@ -66,17 +87,30 @@ def _phase(name: str, seconds: float) -> None:
 
 
 class Response:
-    """One response (see module doc). ``item`` is its assistant item, already in the history."""
+    """One response (see module doc). ``item`` is its assistant item: in the history, announced as
+    a conversation item after ``previous``, unless the response is out of band
+    (``conversation_id`` None: ``response.create`` with ``conversation: "none"``)."""
 
     def __init__(self, host: ResponseHost, request: OmniRequest, item: Item, previous: str | None,
-                 speaks: bool, output_format: str, turn_end_at: float | None,
+                 spec: ResponseSpec, conversation_id: str | None, turn_end_at: float | None,
                  log_extra: dict[str, str]) -> None:
         self.host = host
         self.id = new_id("resp")
         self.item = item
         self.request_id = request.request_id
-        self.speaks = speaks
+        self.spec = spec
+        self.speaks = spec.speaks
+        self.conversation_id = conversation_id
         self.turn_end_at = turn_end_at
+        self.input_audio_s = sum(len(m["audio"]) / m["sample_rate"] for m in request.inputs["messages"]
+                                 if m.get("audio") is not None)
+        self.text_deltas = 0
+        self.model_usage: dict[str, Any] | None = None  # the model's token counts, when it reports them
+        self.call: Item | None = None  # the function call the model makes, once it starts one
+        # The output_index of each output item, given as it is announced: the message before its
+        # first text or audio, the function call at its first piece.
+        self._outputs: dict[str, int] = {}
+        self._previous: str | None = None
         self.audio_samples = 0
         self.audio_rate = 24000
         self.submitted_at: float | None = None
@@ -86,8 +120,8 @@ class Response:
         self.generation_done = False
         self._cancelled = asyncio.Event()
         self.log = logging.LoggerAdapter(log, {**log_extra, "request_id": self.request_id})
-        if speaks:
-            host.audio.begin(self.id, item.id, output_format)
+        if self.speaks:
+            host.audio.begin(self.id, item.id, spec.output_format)
         self._task = asyncio.get_running_loop().create_task(self._run(request, previous))
 
     @property
@@ -145,39 +179,129 @@ class Response:
             cancelled.cancel()
 
     def _on_chunk(self, data: dict[str, Any]) -> None:
+        self.model_usage = data.get("usage") or self.model_usage
         if data.get("input_transcript") is not None:
             self.host.on_input_transcript(self, str(data["input_transcript"]))
         if data.get("text"):
             self._on_text(data["text"])
+        if data.get("function_call"):
+            self._on_function_call(data["function_call"])
         audio = data.get("audio")
         if self.speaks and audio is not None and len(audio):
             self._on_audio(np.asarray(audio, dtype=np.float32), data["sample_rate"],
                            data.get("spoken_text"))
 
     def _send_part_event(self, kind: str, **fields: Any) -> None:
-        self.host.send(event(kind, response_id=self.id, item_id=self.item.id, output_index=0,
-                             content_index=0, **fields))
+        self.host.send(event(kind, response_id=self.id, item_id=self.item.id,
+                             output_index=self._outputs[self.item.id], content_index=0, **fields))
 
     def _part(self, text: str) -> dict[str, Any]:
-        return {"type": "output_audio", "transcript": text} if self.speaks else {"type": "output_text", "text": text}
+        # The GA content_part events name parts "audio" / "text" (items say output_audio / output_text).
+        return {"type": "audio", "transcript": text} if self.speaks else {"type": "text", "text": text}
+
+    def _object(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+                error: dict[str, Any] | None = None) -> dict[str, Any]:
+        spec = self.spec
+        return response_object(self.id, status, output, conversation_id=self.conversation_id,
+                               modalities=spec.output_modalities, audio_format=spec.output_format,
+                               voice=spec.voice, max_output_tokens=spec.max_output_tokens,
+                               metadata=spec.metadata, usage=usage, reason=self.cancel_reason, error=error)
+
+    def _usage(self) -> dict[str, Any]:
+        # Models that report usage (qwen3_omni's thinker) give exact counts; otherwise the text
+        # deltas stand in for output tokens and the input is not counted.
+        usage = self.model_usage or {}
+        return usage_object(int(usage.get("prompt_tokens", 0)),
+                            int(usage.get("completion_tokens", self.text_deltas)),
+                            self.input_audio_s, self.audio_ms / 1000 if self.speaks else 0.0)
 
     def _announce(self, previous: str | None) -> None:
-        send = self.host.send
-        send(event("response.created", response=response_object(self.id, "in_progress", [])))
+        self._previous = previous
+        self.host.send(event("response.created", response=self._object("in_progress", [])))
+
+    def _announce_message(self) -> None:
+        """The message item's first events: before its first text or audio, or at the end of a
+        response that has neither and made no function call."""
+        if self.item.id in self._outputs:
+            return
+        self._outputs[self.item.id] = len(self._outputs)
+        previous = self._previous
+        if self.call is not None and self.conversation_id is not None:
+            previous = self.host.add_item(self.item)  # after the call, which took its place
         item = assistant_item(self.item.id, self.speaks, "", "in_progress")
-        send(event("response.output_item.added", response_id=self.id, output_index=0, item=item))
-        for message in item_added(item, previous):
-            send(message)
+        self.host.send(event("response.output_item.added", response_id=self.id,
+                             output_index=self._outputs[self.item.id], item=item))
+        if self.conversation_id is not None:
+            for message in item_added(item, previous):
+                self.host.send(message)
         self._send_part_event("response.content_part.added", part=self._part(""))
 
     def _on_text(self, text: str) -> None:
+        self._announce_message()
         self.item.deltas.append((text, self.audio_ms))
+        self.text_deltas += 1
         kind = "response.output_audio_transcript.delta" if self.speaks else "response.output_text.delta"
         self._send_part_event(kind, delta=text)
+
+    def _on_function_call(self, piece: dict[str, Any]) -> None:
+        """A piece of the model's function call: its name and an arguments delta. A call before any
+        text is the response's first output, in the message item's place in the conversation."""
+        if self.cancel_reason is not None:
+            return
+        send = self.host.send
+        if self.call is None:
+            call = FunctionCall(new_id("call"), str(piece["name"]))
+            self.call = Item(new_id("item"), "assistant", call=call)
+            self._outputs[self.call.id] = len(self._outputs)
+            wire = function_call_item(self.call.id, call.call_id, call.name, "", "in_progress")
+            send(event("response.output_item.added", response_id=self.id,
+                       output_index=self._outputs[self.call.id], item=wire))
+            if self.conversation_id is not None:
+                if self.item.id not in self._outputs:
+                    self.host.withdraw_item(self.item)  # the call comes first: it takes the place
+                for message in item_added(wire, self.host.add_item(self.call)):
+                    send(message)
+        call = self.call.call
+        assert call is not None
+        delta = str(piece.get("arguments") or "")
+        call.arguments += delta
+        send(event("response.function_call_arguments.delta", response_id=self.id, item_id=self.call.id,
+                   output_index=self._outputs[self.call.id], call_id=call.call_id, delta=delta))
+
+    def _finish_message(self, status: str) -> dict[str, Any]:
+        """The message item's closing events; its final wire form."""
+        text = self.item.transcript
+        item = assistant_item(self.item.id, self.speaks, text, "completed" if status == "completed" else "incomplete")
+        if self.speaks:
+            self.host.audio.end_part()
+            self._send_part_event("response.output_audio_transcript.done", transcript=text)
+        else:
+            self._send_part_event("response.output_text.done", text=text)
+        self._send_part_event("response.content_part.done", part=self._part(text))
+        self.host.send(event("response.output_item.done", response_id=self.id,
+                             output_index=self._outputs[self.item.id], item=item))
+        if self.conversation_id is not None:
+            self.host.send(event("conversation.item.done", item=item))
+        return item
+
+    def _finish_call(self, status: str) -> dict[str, Any] | None:
+        """The function call item's closing events; its final wire form (None without a call)."""
+        if self.call is None or self.call.call is None:
+            return None
+        call, send, index = self.call.call, self.host.send, self._outputs[self.call.id]
+        send(event("response.function_call_arguments.done", response_id=self.id, item_id=self.call.id,
+                   output_index=index, call_id=call.call_id, name=call.name, arguments=call.arguments))
+        wire = function_call_item(self.call.id, call.call_id, call.name, call.arguments,
+                                  "completed" if status == "completed" else "incomplete")
+        send(event("response.output_item.done", response_id=self.id, output_index=index, item=wire))
+        if self.conversation_id is not None:
+            send(event("conversation.item.done", item=wire))
+        return wire
 
     def _on_audio(self, audio: np.ndarray, rate: int, spoken_text: str | None) -> None:
         if self.cancel_reason is not None:
             return
+        self._announce_message()
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
             if self.submitted_at is not None:
@@ -202,19 +326,16 @@ class Response:
             metrics.TURNS_TOTAL.inc()
 
     def _finish(self, status: str, error: dict[str, Any] | None) -> None:
-        send = self.host.send
-        text = self.item.transcript
-        item = assistant_item(self.item.id, self.speaks, text, "completed" if status == "completed" else "incomplete")
-        if self.speaks:
-            self.host.audio.end_part()
-            self._send_part_event("response.output_audio_transcript.done", transcript=text)
-        else:
-            self._send_part_event("response.output_text.done", text=text)
-        self._send_part_event("response.content_part.done", part=self._part(text))
-        send(event("response.output_item.done", response_id=self.id, output_index=0, item=item))
-        send(event("conversation.item.done", item=item))
-        send(event("response.done", response=response_object(
-            self.id, status, [item], reason=self.cancel_reason, error=error)))
+        if self.call is None:
+            self._announce_message()
+        outputs: dict[str, dict[str, Any]] = {}
+        if self.item.id in self._outputs:  # not when only a function call came: no message, no audio
+            outputs[self.item.id] = self._finish_message(status)
+        call = self._finish_call(status)
+        if call is not None:
+            outputs[call["id"]] = call
+        output = [outputs[i] for i in sorted(outputs, key=self._outputs.__getitem__)]
+        self.host.send(event("response.done", response=self._object(status, output, self._usage(), error)))
         if self.speaks:
             self.host.audio.finish(completed=status == "completed")
         self.host.on_response_done(self)

@@ -44,7 +44,9 @@ import numpy as np
 
 from duplex import metrics
 from duplex.media.playout import AgentAudio
-from duplex.protocol.events import RealtimeError, event, item_added, message_item, new_id
+from duplex.protocol.events import RealtimeError, event, item_added, new_id
+from duplex.protocol.items import wire_item
+from duplex.protocol.response_create import ResponseSpec
 from duplex.protocol.session_update import session_object
 from duplex.protocol.wire_audio import InboundDecoder
 from duplex.session.config import SessionConfig
@@ -328,6 +330,19 @@ class Session:
         self.clear_manual_buffer()
         self.commit_user_audio(new_id("item"), audio)
 
+    def commit_input(self) -> None:
+        """``input_audio_buffer.commit``: the manual buffer, or, under turn detection, the turn the
+        VAD holds, ended now as if its silence had come (and answered if turn detection answers)."""
+        if self.config.turn_detection is None:
+            self.commit_manual_buffer()
+            return
+        stop = self._detector.end_turn()
+        if stop is None:
+            raise RealtimeError("nothing to commit: the turn detector holds no speech (it commits "
+                                "each turn itself when the speech ends)",
+                                code="input_audio_buffer_commit_empty")
+        self._on_turn_end(stop)
+
     def clear_manual_buffer(self) -> None:
         self._manual_buffer.clear()
         self._manual_samples = 0
@@ -346,6 +361,10 @@ class Session:
         self.history.add(item)
         return previous
 
+    def withdraw_item(self, item: Item) -> None:
+        """Take a response's unannounced item out of the history (a function call took its place)."""
+        self.history.remove(item.id)
+
     def create_item(self, item: Item) -> None:
         """``conversation.item.create``: a client's item, added and announced."""
         if self.history.get(item.id) is not None:
@@ -358,30 +377,39 @@ class Session:
         self.send(event("conversation.item.deleted", item_id=item_id))
 
     def _announce_item(self, item: Item, previous: str | None) -> None:
-        wire = message_item(item.id, item.role, item.text if item.audio is None else None)
+        wire = wire_item(item)
         for message in [*item_added(wire, previous), event("conversation.item.done", item=wire)]:
             self.send(message)
 
     # --- responses ------------------------------------------------------------------------
 
-    def start_response(self, turn_end_at: float | None = None, overrides: dict[str, Any] | None = None) -> None:
+    def start_response(self, turn_end_at: float | None = None, spec: ResponseSpec | None = None,
+                       input_items: list[Item] | None = None) -> None:
+        """Answer the history (or ``input_items``, the response's own input) as ``spec`` says (the
+        session's settings by default). An out-of-band response's item stays out of the history."""
         if self._response is not None:
             raise RealtimeError("a response is already in progress",
                                 code="conversation_already_has_active_response")
-        overrides = overrides or {}
-        config = self.config
-        speaks = "audio" in (overrides.get("output_modalities") or config.output_modalities)
-        params = {
-            "modalities": ["text", "audio"] if speaks else ["text"],
-            "voice": config.voice,
-            "max_output_tokens": overrides.get("max_output_tokens", config.max_output_tokens),
+        spec = spec or ResponseSpec.of_session(self.config)
+        params: dict[str, Any] = {
+            "modalities": ["text", "audio"] if spec.speaks else ["text"],
+            "voice": self.defaults.voice_map.get(spec.voice, spec.voice),
+            "max_output_tokens": spec.max_output_tokens,
         }
-        instructions = overrides.get("instructions", config.instructions)
-        request = OmniRequest(new_id("req"), {"messages": self.history.messages(instructions)}, params)
-        item = Item(new_id("item"), "assistant")
-        previous = self.add_item(item)  # now, so that turns committed meanwhile come after it
-        self._response = Response(self, request, item, previous, speaks, config.output_format,
-                                  turn_end_at, {"session_id": self.id})
+        if spec.tools and spec.tool_choice != "none":
+            params["tools"], params["tool_choice"] = list(spec.tools), spec.tool_choice
+        source = self.history
+        if input_items is not None:
+            source = History(self.defaults.max_input_audio_s)
+            for given in input_items:
+                source.add(given)
+        request = OmniRequest(new_id("req"), {"messages": source.messages(spec.instructions)}, params)
+        item = Item(new_id("item"), "assistant", speaks=spec.speaks)
+        # Added now, so that turns committed meanwhile come after it.
+        previous = None if spec.out_of_band else self.add_item(item)
+        conversation = None if spec.out_of_band else f"conv_{self.id}"
+        self._response = Response(self, request, item, previous, spec, conversation, turn_end_at,
+                                  {"session_id": self.id})
 
     async def cancel_response(self, reason: str) -> bool:
         """Cancel the response in flight (if any) and wait until its response.done went out."""
@@ -406,8 +434,10 @@ class Session:
         if user is None:
             return
         user.text = transcript
+        seconds = len(user.audio) / user.sample_rate if user.audio is not None and user.sample_rate else 0.0
         self.send(event("conversation.item.input_audio_transcription.completed", item_id=user.id,
-                        content_index=0, transcript=transcript))
+                        content_index=0, transcript=transcript,
+                        usage={"type": "duration", "seconds": round(seconds, 3)}))
 
     def on_response_done(self, response: Response) -> None:
         if self._response is response:

@@ -43,7 +43,7 @@ def audio_tokens(out: dict[str, Any], pre: Preprocessor) -> int:
     [
         ([], {}, "last message must be a user turn"),
         ([user()], {}, "last message must be a user turn"),
-        ([user(text="hi"), {"role": "assistant", "text": "hello"}], {}, "last message must be a user turn"),
+        ([{"role": "system", "text": "Be brief."}], {}, "last message must be a user turn"),
         ([{"role": "robot", "text": "hi"}], {}, "role"),
         ([user(audio=np.zeros(16000, np.float32), rate=4000)], {}, "sample_rate 4000"),
         ([user(audio=np.zeros(16000, np.float32), rate=None)], {}, "sample_rate None"),
@@ -91,6 +91,15 @@ def test_prompt_follows_the_chat_template(pre: Preprocessor) -> None:
         + "<|audio_pad|>" * n + "<|audio_end|>hi<|im_end|>\n<|im_start|>assistant\n"
     )
     assert out["input_features"].shape[:2] == (1, 128)
+
+
+def test_an_answer_may_follow_an_assistant_message_without_any_audio(pre: Preprocessor) -> None:
+    # What a Realtime client's response.create after an answer asks for: another assistant turn.
+    out = run(pre, [user(text="hi"), {"role": "assistant", "text": "hello"}])
+    assert pre.tokenizer.decode(out["input_ids"]) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+        "<|im_start|>assistant\n")
+    assert "input_features" not in out
 
 
 @pytest.mark.parametrize("voice", [None, "default", "ETHAN", "chelsie"])

@@ -163,6 +163,17 @@ async def test_text_only_requests_skip_the_talker(
     await wait_clear(coordinator)
 
 
+async def test_an_answer_after_an_assistant_message_equals_generate(
+    coordinator: Coordinator, reference_model, preprocessor: Preprocessor
+) -> None:
+    """A Realtime client's response.create after an answer: another assistant turn, text only in."""
+    assistant = {"role": "assistant", "text": "Hello! How can I help?", "audio": None, "sample_rate": None}
+    request = OmniRequest(f"after-assistant-{next(_round)}", {"messages": [user(text="Hi there."), assistant]})
+    outcome = await collect(coordinator, request)
+    assert_equals_reference(outcome.chunks, reference_for(reference_model, preprocessor, request, CONFIG))
+    await wait_clear(coordinator)
+
+
 async def test_voices(
     coordinator: Coordinator, references: dict[str, ReferenceOutput], chelsie: ReferenceOutput
 ) -> None:

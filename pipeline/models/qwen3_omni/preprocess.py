@@ -2,9 +2,9 @@
 
 Request inputs follow the pipeline's one shape (``pipeline.proto.OmniRequest``): ``{"messages":
 [{"role": "system" | "user" | "assistant", "text": str | None, "audio": float32 mono samples |
-None, "sample_rate": int | None}, ...]}``, oldest first; the last message is the user turn to
-answer and must carry text or audio. A message with both renders its audio first. Audio at any
-rate from 8 kHz to 192 kHz is resampled to the feature extractor's 16 kHz with PyAV; audio longer
+None, "sample_rate": int | None}, ...]}``, oldest first; the answer follows the last message, a
+user turn or an assistant message with text or audio. A message with both renders its audio first.
+Audio at any rate from 8 kHz to 192 kHz is resampled to the feature extractor's 16 kHz with PyAV; audio longer
 than the stage's ``max_audio_seconds`` (default 120) is refused.
 
 Request params read here: ``voice`` (``default`` or a speaker of the checkpoint, checked early so
@@ -74,8 +74,11 @@ class Preprocessor:
         self._check_params(rid, params)
         clips: list[np.ndarray] = []
         messages = [self._message(rid, m, clips) for m in inputs.get("messages") or []]
-        if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"]:
-            raise RequestError(rid, "the last message must be a user turn with audio or text")
+        # The template's generation prompt opens a new assistant turn after whatever came last: a
+        # user turn, or an assistant message (a Realtime client asking for another answer).
+        if not messages or messages[-1]["role"] == "system" or not messages[-1]["content"]:
+            raise RequestError(rid, "the last message must be a user turn (or an assistant message) "
+                               "with audio or text")
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if not isinstance(ids, list):
             ids = ids["input_ids"]

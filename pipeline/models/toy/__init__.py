@@ -9,6 +9,10 @@ state). Answers are pure functions of the input, so tests can predict them.
 Failure injection through request params (tests only): ``toy_fail`` = a stage name whose runner
 raises for that request; ``toy_never_stop`` makes the thinker and talker ignore their stop condition
 (the output caps must end them); ``toy_answer_tokens`` overrides the answer length.
+
+Function calls: with ``tools`` and a ``tool_choice`` that forces a call (``required``, or a named
+function), the answer is that call instead of words: ``function_call`` chunks of
+``{"name", "arguments"}`` (argument deltas that join into ``{"words": "..."}``), and no audio.
 """
 
 from __future__ import annotations

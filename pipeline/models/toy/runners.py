@@ -36,6 +36,18 @@ def answer_token(seed: int, k: int) -> int:
     return (seed * 31 + k * 7) % 1000
 
 
+def forced_call(params: dict[str, Any]) -> str | None:
+    """The function the request forces the model to call (``tool_choice`` "required": the first
+    tool; ``{"type": "function", "name"}``: that one), or None: the toy then answers in words.
+    A forced call's arguments are ``{"words": "<the answer's words>"}`` and it has no audio."""
+    tools, choice = params.get("tools") or [], params.get("tool_choice")
+    if not tools:
+        return None
+    if choice == "required":
+        return str(tools[0]["name"])
+    return str(choice["name"]) if isinstance(choice, dict) else None
+
+
 @dataclass
 class _ThinkerState:
     seed: int
@@ -99,7 +111,7 @@ class ToyThinker(_ToyAR):
         token = answer_token(state.seed, slot.steps)
         hidden = torch.full((self._hidden_size,), float(token), dtype=torch.float32)
         last = slot.steps + 1 >= state.answer_tokens and not state.never_stop
-        return ARStepResult({"token_id": token, "hidden": hidden}, finished=last)
+        return ARStepResult({"token_id": token, "hidden": hidden, "step": slot.steps}, finished=last)
 
     def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
         return {"tokens": slot.steps, "capped": capped}
@@ -114,7 +126,15 @@ class ToyDetok:
         for item in batch:
             _check_fail(self._stage, item.payload.request_id, item.payload.params)
             token = item.payload.data.get("token_id")
-            out.append({"text": "" if token is None else f"w{token} "})
+            call = forced_call(item.payload.params)
+            if call is None:
+                out.append({"text": "" if token is None else f"w{token} "})
+            elif token is None:
+                out.append({"function_call": {"name": call, "arguments": '"}'}})
+            else:
+                first = item.payload.data.get("step") == 0
+                piece = f'{{"words": "w{token}' if first else f" w{token}"
+                out.append({"function_call": {"name": call, "arguments": piece}})
         return out
 
 
@@ -134,7 +154,8 @@ class ToyTalker(_ToyAR):
         return _TalkerState(never_stop=bool(payload.params.get("toy_never_stop", False)))
 
     def feed(self, slot: ARSlot, payload: StagePayload) -> None:
-        slot.state.tokens.append(int(payload.data["token_id"]))
+        if forced_call(slot.params) is None:  # a function call is not spoken
+            slot.state.tokens.append(int(payload.data["token_id"]))
 
     def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
         """The thinker's final payload carries no token; the talker voices what it has."""

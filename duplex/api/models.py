@@ -1,0 +1,27 @@
+"""``GET /v1/models``: the one model this server serves (the preset's), in OpenAI's list shape.
+
+Realtime and chat clients that list models before connecting find it here; whatever ``model`` they
+then send is accepted and echoed, and the preset answers.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Request
+
+from duplex.api.auth import app_state, require_key
+
+router = APIRouter(dependencies=[Depends(require_key)])
+CREATED = int(time.time())  # the server's start: its model exists since then
+
+
+def _model(request: Request) -> dict[str, object]:
+    state = app_state(request)
+    return {"id": state.settings.preset, "object": "model", "created": CREATED,
+            "owned_by": "duplex"}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, object]:
+    return {"object": "list", "data": [_model(request)]}

@@ -1,0 +1,26 @@
+"""A history item as the Realtime protocol shows it (``conversation.item.*`` events, retrieve)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duplex.protocol.events import (
+    assistant_item,
+    function_call_item,
+    function_call_output_item,
+    message_item,
+)
+from duplex.session.history import Item
+
+
+def wire_item(item: Item) -> dict[str, Any]:
+    """A completed item (an answer cut short is ``incomplete``)."""
+    if item.call is not None:
+        call = item.call
+        if call.output is not None:
+            return function_call_output_item(item.id, call.call_id, call.output)
+        return function_call_item(item.id, call.call_id, call.name, call.arguments, "completed")
+    if item.speaks:
+        return assistant_item(item.id, True, item.transcript,
+                              "incomplete" if item.truncated_at_ms is not None else "completed")
+    return message_item(item.id, item.role, item.transcript or None, audio=item.audio is not None)

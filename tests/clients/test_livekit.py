@@ -1,0 +1,139 @@
+"""LiveKit Agents' OpenAI Realtime plugin, unchanged and with its defaults (semantic_vad, voice
+"marin", input transcription, ``max_output_tokens: "inf"``), against a real server (toy preset):
+two spoken turns answered, ``generate_reply()`` answered, a barge-in, and no error event.
+
+No LiveKit room: ``RealtimeModel.session()`` opens its own connection; the test's microphone pushes
+``rtc.AudioFrame``s in real time (speech, silence between) and reads the answers from the
+generations the plugin emits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+from livekit import rtc
+from livekit.plugins.openai import realtime
+
+from harness.server import ServerProcess
+from harness.speech import speech
+from tests.api.helpers import API_KEY
+
+RATE = 24000
+TIMEOUT = 30.0
+FRAME = RATE // 10  # 100 ms frames
+
+
+class LiveKitPeer:
+    """One plugin session, the raw server events it received, and the audio of each generation."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.events: list[dict[str, Any]] = []
+        self.errors: list[Any] = []
+        self.generations: list[Any] = []
+        self.audio: dict[str, list[np.ndarray]] = {}
+        self._readers: list[asyncio.Task[None]] = []
+        self._pending = np.zeros(0, np.float32)
+        self.mic = asyncio.get_running_loop().create_task(self._microphone())
+        session.on("openai_server_event_received", self.events.append)
+        session.on("error", self.errors.append)
+        session.on("generation_created", self._on_generation)
+
+    def _on_generation(self, generation: Any) -> None:
+        self.generations.append(generation)
+        self._readers.append(asyncio.get_running_loop().create_task(self._read(generation)))
+
+    async def _read(self, generation: Any) -> None:
+        chunks = self.audio.setdefault(generation.response_id, [])
+        async for message in generation.message_stream:
+            async for frame in message.audio_stream:
+                chunks.append(np.frombuffer(frame.data, dtype=np.int16).astype(np.float32) / 32768)
+
+    def push(self, samples: np.ndarray) -> None:
+        """Queue speech for the microphone (which sends silence when it has none)."""
+        self._pending = np.concatenate([self._pending, samples])
+
+    async def _microphone(self) -> None:
+        """100 ms frames in real time, as a live microphone sends them: the turn detector's
+        pauses take real time, as with any client."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for n in itertools.count():
+            piece, self._pending = self._pending[:FRAME], self._pending[FRAME:]
+            piece = np.concatenate([piece, np.zeros(FRAME - len(piece), np.float32)])
+            pcm = np.clip(piece * 32768, -32768, 32767).astype(np.int16)
+            self.session.push_audio(rtc.AudioFrame(pcm.tobytes(), RATE, 1, FRAME))
+            await asyncio.sleep(max(0.0, start + (n + 1) * FRAME / RATE - loop.time()))
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    async def until(self, kind: str, count: int = 1) -> dict[str, Any]:
+        """The ``count``-th server event of ``kind``."""
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                while len(self.of(kind)) < count:
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            raise AssertionError(f"no {kind} #{count}: {[e['type'] for e in self.events]}") from None
+        return self.of(kind)[count - 1]
+
+    def seconds(self, response_id: str) -> float:
+        return sum(len(c) for c in self.audio.get(response_id, [])) / RATE
+
+
+@asynccontextmanager
+async def livekit(server: ServerProcess) -> AsyncIterator[LiveKitPeer]:
+    model = realtime.RealtimeModel(base_url=f"{server.url}/v1", api_key=API_KEY)
+    session = model.session()
+    peer = LiveKitPeer(session)
+    try:
+        yield peer
+    finally:
+        peer.mic.cancel()
+        await session.aclose()
+        await model.aclose()
+
+
+async def test_livekit_agents_converses_with_its_defaults(server: ServerProcess) -> None:
+    async with livekit(server) as peer:
+        updated = await peer.until("session.updated")
+        # Its first session.update is taken whole: OpenAI names and all.
+        assert updated["session"]["audio"]["output"]["voice"] == "marin"
+        assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+        await peer.session.update_instructions("You are a test agent.")
+        assert (await peer.until("session.updated", 2))["session"]["instructions"] == "You are a test agent."
+
+        # Two spoken turns, each answered with audio the plugin decoded.
+        for n, question in enumerate(["What is the weather like today?", "And what about tomorrow?"], 1):
+            peer.push(speech(question, RATE, 0.3, 0.0))
+            done = await peer.until("response.done", n)
+            assert done["response"]["status"] == "completed"
+            await asyncio.sleep(0.2)  # the plugin's audio channel drains after response.done
+            assert peer.seconds(done["response"]["id"]) > 1.0
+
+        # generate_reply(): answered (the future resolves on the response it asked for).
+        generation = await asyncio.wait_for(peer.session.generate_reply(instructions="Say hello."), TIMEOUT)
+        assert generation.user_initiated
+        done = await peer.until("response.done", 3)
+        assert done["response"]["id"] == generation.response_id
+        assert done["response"]["status"] == "completed"
+
+        # A barge-in: speech over the answer cancels it.
+        peer.push(speech("Tell me a long story about the sea.", RATE, 0.3, 0.0))
+        created = await peer.until("response.created", 4)
+        async with asyncio.timeout(TIMEOUT):
+            while peer.seconds(created["response"]["id"]) < 1.2:
+                await asyncio.sleep(0.02)
+        peer.push(speech("Stop, stop, I have another question.", RATE, 0.0, 0.0))
+        cancelled = await peer.until("response.done", 4)
+        assert cancelled["response"]["id"] == created["response"]["id"]
+        assert cancelled["response"]["status"] == "cancelled"
+        await peer.until("response.done", 5)  # the interruption is answered in turn
+    assert not peer.of("error"), peer.of("error")
+    assert not peer.errors
