@@ -7,6 +7,14 @@ frame of 960 samples, taken from the queue, or silence when the queue is empty o
 The voice is mono, sent as identical stereo channels: that is the layout aiortc's Opus encoder
 wants, so its resampler passes the frames through instead of remixing them at -3 dB.
 
+:class:`OpusPacketTrack` wraps the track when the call negotiated Opus and hands aiortc's sender
+Opus packets instead of frames — a ``MediaStreamTrack.recv`` may return either, and aiortc sends a
+packet as it is. That takes the encoder off aiortc's thread pool (a hand-off per frame both ways)
+and skips aiortc's pure-Python RFC 6464 audio-level loop over every sample (packets go out without
+the audio-level header extension, which browsers do not need); the track then makes mono frames,
+encoded mono at a complexity chosen by measurement (``evaluation/webrtc_media_cpu.py``), and
+repeats libopus's constant packet for digital silence instead of encoding it again.
+
 The queue itself (items, pause / resume / flush, what was sent of each item) is a
 :class:`~duplex.media.frame_queue.FrameQueue`; the track adds the 20 ms pacing and aiortc's frame
 format. ``stop()`` (the peer closing) drops everything.
@@ -35,6 +43,11 @@ TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 # schedule from now instead of bursting out every missed frame: a burst longer than the remote
 # jitter buffer (~80 ms in aiortc) would only be dropped there.
 MAX_LAG_SECONDS = 0.2
+# Opus settings of OpusPacketTrack. aiortc's own encoder: stereo, 96 kbit/s, complexity 10. The
+# bit rate stays aiortc's (now all of it for the one channel there is); the complexity is the
+# measured choice of evaluation/webrtc_media_cpu.py (encoder CPU against what a recogniser hears).
+OPUS_BITRATE = 96000
+OPUS_COMPLEXITY = 5
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +61,12 @@ class OutboundAudioTrack(FrameQueue, MediaStreamTrack):
         self,
         on_playout: Callable[[TrackEvent], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        channels: int = 2,
     ) -> None:
-        """``clock``: the pacing clock (tests drive the track on virtual time with their own)."""
+        """``clock``: the pacing clock (tests drive the track on virtual time with their own);
+        ``channels``: 2 (identical) for aiortc's own encoder, 1 for :class:`OpusPacketTrack`."""
         MediaStreamTrack.__init__(self)
+        self.channels = channels
         FrameQueue.__init__(self, SAMPLE_RATE, FRAME_SAMPLES, on_playout)
         self._clock = clock
         self._last_frame_at: float | None = None  # clock time the previous frame was returned
@@ -83,9 +99,12 @@ class OutboundAudioTrack(FrameQueue, MediaStreamTrack):
         samples = self.next_frame()
         if samples is None:
             samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        frame = av.AudioFrame.from_ndarray(
-            np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo"
-        )
+        if self.channels == 2:
+            frame = av.AudioFrame.from_ndarray(
+                np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo"
+            )
+        else:
+            frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = SAMPLE_RATE
         frame.time_base = TIME_BASE
         frame.pts = self._frames * FRAME_SAMPLES
@@ -100,3 +119,67 @@ class OutboundAudioTrack(FrameQueue, MediaStreamTrack):
     def _deadline(self) -> float:
         assert self._start is not None
         return self._start + self._schedule * FRAME_SECONDS
+
+
+class OpusPacketTrack(MediaStreamTrack):
+    """The paced track's frames as Opus packets, for aiortc's sender to send as they are.
+
+    Owns its encoder, and its source track from :meth:`__init__` (which switches the source to
+    mono frames) until :meth:`stop`, which stops the source too. One per call, like the source.
+    """
+
+    kind = "audio"
+
+    def __init__(self, source: OutboundAudioTrack, complexity: int = OPUS_COMPLEXITY) -> None:
+        super().__init__()
+        source.channels = 1
+        self.source = source
+        self._encoder = opus_encoder(complexity)
+        # libopus codes digital silence as one constant 3-byte packet once its state has settled
+        # (the second silent frame on). Encoding a silent frame costs as much as speech, so while
+        # the agent is quiet that packet is repeated instead. The listener's decoder gets the very
+        # same packets; only the encoder's slow analysis state sees less silence, which changed one
+        # packet of the speech after 1.2 s of silence, by a few LSB once decoded
+        # (tests/duplex/test_media_cpu_paths.py).
+        self._silent_packet: bytes | None = None  # the settled silence packet, while silent
+        self._last_silent: bytes | None = None  # the previous frame's packet, when it was silent
+
+    def stop(self) -> None:
+        self.source.stop()
+        super().stop()
+
+    async def recv(self) -> av.Packet:
+        frame = await self.source.recv()
+        # The mono s16 plane read in place: PyAV's to_ndarray would copy it through numpy.vstack.
+        if np.frombuffer(frame.planes[0], np.int16, frame.samples).any():
+            data = self._encode(frame)
+            self._last_silent = self._silent_packet = None
+        elif self._silent_packet is not None:
+            data = self._silent_packet
+        else:
+            data = self._encode(frame)
+            if data == self._last_silent:
+                self._silent_packet = data
+            self._last_silent = data
+        packet = av.Packet(data)
+        packet.pts = frame.pts  # RTP timestamps follow the paced schedule, as with frames
+        packet.time_base = TIME_BASE
+        return packet
+
+    def _encode(self, frame: av.AudioFrame) -> bytes:
+        packets = self._encoder.encode(frame)
+        assert len(packets) == 1, "libopus codes each 20 ms frame into one packet"
+        return bytes(packets[0])
+
+
+def opus_encoder(complexity: int = OPUS_COMPLEXITY) -> av.CodecContext:
+    """A mono libopus encoder for 20 ms s16 frames at 48 kHz; one per stream (it keeps state)."""
+    codec = av.CodecContext.create("libopus", "w")
+    codec.bit_rate = OPUS_BITRATE
+    codec.format = "s16"
+    codec.layout = "mono"
+    codec.sample_rate = SAMPLE_RATE
+    codec.time_base = TIME_BASE
+    # "voip" as aiortc's own encoder; compression_level is libopus's complexity (0-10).
+    codec.options = {"application": "voip", "compression_level": str(complexity)}
+    return codec

@@ -68,6 +68,17 @@ def test_stereo_downmix_averages_channels() -> None:
     assert np.max(np.abs(out)) == pytest.approx(0.4, abs=0.01)
 
 
+def test_decoded_frames_downmix_at_unity_gain_without_clipping() -> None:
+    # One channel silent: the average is half; both at full scale: full scale, not past it
+    # (libswresample's own remix sums at -3 dB, +3 dB over the source for identical channels).
+    loud = pcm.float_to_pcm16(tone(48000, 0.5, amplitude=0.99))
+    for right, peak in ((np.zeros_like(loud), 0.495), (loud, 0.99)):
+        resampler = resample.FrameResampler(16000)
+        frames = decoded_frames(np.stack([loud, right], axis=1), 48000)
+        out = np.concatenate([resampler.push(f) for f in frames])
+        assert np.max(np.abs(out)) == pytest.approx(peak, abs=0.01)
+
+
 def test_model_output_to_48k_and_back_round_trips() -> None:
     source = speech("Round trip through the resampler.", 24000)
     up = resample.Resampler(24000, 48000, out_dtype=np.int16)

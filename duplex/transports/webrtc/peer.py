@@ -7,7 +7,9 @@ call's media and events:
   PyAV to 16 kHz mono float32 (the VAD's and the model's rate) and handed to the listener with
   its arrival time on the monotonic clock (the decoded frame, after aiortc's jitter buffer);
 - outbound: an :class:`~duplex.media.paced_track.OutboundAudioTrack` (``peer.outbound``), paced 20 ms
-  frames the session fills, pauses and flushes;
+  frames the session fills, pauses and flushes; when the call negotiated Opus, the sender gets them
+  as Opus packets through an :class:`~duplex.media.paced_track.OpusPacketTrack` (encoded on the
+  event loop, no audio-level loop), otherwise as frames for aiortc's own encoder;
 - the ``oai-events`` data channel the client opens: JSON events in and out; events sent before
   the channel is open are held and sent once it opens.
 
@@ -29,8 +31,9 @@ from typing import Any, Protocol
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.sdp import SessionDescription
 
-from duplex.media.paced_track import OutboundAudioTrack
+from duplex.media.paced_track import OpusPacketTrack, OutboundAudioTrack
 from duplex.media.resample import FrameResampler
 from duplex.transports.webrtc.ice import IcePolicy
 from duplex.transports.webrtc.sdp import SdpError, validate_offer
@@ -94,9 +97,12 @@ class CallPeer:
             validate_offer(offer_sdp)
             offer = RTCSessionDescription(self._policy.filter_candidates(offer_sdp), "offer")
             await self._pc.setRemoteDescription(offer)
-            self._pc.addTrack(self.outbound)
+            sender = self._pc.addTrack(self.outbound)
             self._policy.restrict(self._pc)
             await self._pc.setLocalDescription(await self._pc.createAnswer())
+            if _sends_opus(self._pc.localDescription.sdp):
+                # Before any frame is sent: the sender starts reading once ICE and DTLS are up.
+                sender.replaceTrack(OpusPacketTrack(self.outbound))
         except SdpError:
             await self.close("rejected")
             raise
@@ -167,3 +173,11 @@ class CallPeer:
         self._log.info("connection %s", state)
         if state in ("failed", "closed"):
             await self.close(state)
+
+
+def _sends_opus(answer_sdp: str) -> bool:
+    """Whether the answer's audio section sends Opus (aiortc's sender uses its first codec)."""
+    for media in SessionDescription.parse(answer_sdp).media:
+        if media.kind == "audio" and media.rtp.codecs:
+            return media.rtp.codecs[0].mimeType.lower() == "audio/opus"
+    return False
