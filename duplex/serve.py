@@ -45,7 +45,13 @@ async def _load_pipeline(state: AppState) -> None:
         state.pipeline_error = str(err)
         log.error("the pipeline could not start: %s", err)
         return
-    log.info("preset %s ready", settings.preset)
+    config = state.preset.pipeline
+    devices = sorted({stage.device for stage in config.stages})
+    scheme = "https" if settings.ssl_certfile else "http"
+    log.info("preset %s ready: model %s, weights %s, devices %s", settings.preset, config.model,
+             config.model_args or "(the model's own)", devices)
+    print(f"duplex: ready — open {scheme}://{settings.host}:{settings.port}/ to talk to the agent",
+          flush=True)
 
 
 def _sip_server(state: AppState) -> SipServer | None:
@@ -100,8 +106,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"duplex: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     log.info("preset %s: %s", settings.preset, preset.description or "(no description)")
-    scheme = "https" if settings.ssl_certfile else "http"
-    print(f"duplex: open {scheme}://{settings.host}:{settings.port}/ to talk to the agent", flush=True)
     uvicorn.run(
         create_app(preset, policy),
         host=settings.host,
