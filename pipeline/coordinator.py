@@ -7,6 +7,12 @@ returns once every stage acknowledged that it holds nothing of the request.
 Per-request state here: one ``_Flight`` per request from ``stream`` until its last chunk, its failure
 or its abort (bounded by ``max_in_flight``), and one ``_Abort`` per abort until every stage acked.
 Ended request ids are remembered (bounded) so that an aborted id can never be submitted again.
+
+Conversations (the session's contract is in ``pipeline/scheduling/conversation_book.py``): a
+request with ``params["conversation_id"]`` may continue the state that stages keep for its
+conversation, so that only what is new is computed. Client API: ``abort(id, keep_answer_tokens=n)``
+(barge-in: keep what was heard), ``truncate_conversation``, ``close_conversation``. The book of
+conversations and its memory budget are owned here (``pipeline/scheduling/conversation_keeping.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from pipeline.proto import (
     StreamDone,
     Submit,
 )
+from pipeline.scheduling.conversation_keeping import ConversationKeeping
 from pipeline.transport.base import Endpoint
 
 log = logging.getLogger(__name__)
@@ -64,6 +71,9 @@ class _Flight:
     chunks: asyncio.Queue[OutputChunk | PipelineError | None] = field(default_factory=asyncio.Queue)
     pending_terminals: set[str] = field(default_factory=set)
     finished: bool = False
+    outcome: str = "aborted"
+    """How it ended: ``done`` (every terminal completed), ``failed`` or ``aborted``."""
+    keep_answer_tokens: int | None = None
 
 
 @dataclass
@@ -71,6 +81,8 @@ class _Abort:
     pending: set[str]
     started: float
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    kept_by: dict[str, str | None] = field(default_factory=dict)
+    """Per stage that keeps conversations: what its AbortAck says the kept state ends with."""
 
 
 class Coordinator:
@@ -102,6 +114,10 @@ class Coordinator:
         self.shutdown_hook: Callable[[], Awaitable[None]] | None = None
         self.stage_pids: dict[str, int] = {}
         """Stage name -> OS pid of its process (process mode only)."""
+        self.conversations = ConversationKeeping(
+            config, endpoint.send, self._cut, self.abort, self.stage_stats
+        )
+        """Kept conversation state: the book, its budget, the stages that keep it."""
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -132,6 +148,7 @@ class Coordinator:
 
     async def close(self) -> None:
         self._closed = True
+        self.conversations.stop()
         if self._broken is None:
             self._broken = PipelineError("pipeline", "the pipeline is closed")
         # Nobody will acknowledge anything any more: end every stream and every abort wait now.
@@ -170,6 +187,7 @@ class Coordinator:
                 f"{len(self._flights)} requests in flight (max_in_flight={self.config.max_in_flight})"
             )
         flight = _Flight(pending_terminals=set(self.config.terminals))
+        request = self.conversations.begin(request)
         self._flights[rid] = flight
         metrics.PIPELINE_REQUESTS_ACTIVE.set(len(self._flights))
         payload = StagePayload(rid, request.inputs, request.params)
@@ -191,20 +209,52 @@ class Coordinator:
             finally:
                 self._end(rid)
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, request_id: str, keep_answer_tokens: int | None = None) -> None:
         """Broadcast an abort for ``request_id`` and wait until every stage acknowledged it.
 
         Idempotent: concurrent calls share one broadcast, a later call after the acks returns at once.
+        For a request of a conversation (``params["conversation_id"]``), the state kept for the
+        conversation goes back to before the request, or with ``keep_answer_tokens`` keeps the
+        request's turn with its answer cut to that many tokens (barge-in: the ``answer_tokens`` of
+        the last audio chunk the user heard). A cut also applies when the request already ended
+        (its audio may still be playing then); a plain abort of an ended request changes nothing.
         """
         flight = self._flights.get(request_id)
         if flight is not None and not flight.finished:
             flight.finished = True
+            flight.outcome = "aborted"
+            flight.keep_answer_tokens = keep_answer_tokens
             flight.chunks.put_nowait(None)
+        elif keep_answer_tokens is not None and not self._closed:
+            # Completed already (its audio may still be playing): cut the turn it left kept.
+            await self.conversations.cut_ended(request_id, keep_answer_tokens)
         pending = self._aborts.get(request_id)
         if pending is None:
             if (request_id in self._ended and flight is None) or self._closed:
                 return
             pending = self._broadcast_abort(request_id)
+        await self._await_abort(request_id, pending)
+        if flight is not None:
+            # The client may never finish iterating the aborted stream: the turn ends here. A cut
+            # keeps the turn only where it had begun (every keeping stage says its state ends with it).
+            kept = all(made_by == request_id for made_by in pending.kept_by.values())
+            self.conversations.end(request_id, flight.outcome, flight.keep_answer_tokens, kept)
+
+    async def truncate_conversation(self, conversation_id: str, kept_answer_tokens: int) -> None:
+        """Cut the conversation's last answer to its first ``kept_answer_tokens`` tokens in the
+        state stages keep (aborting its request if still in flight); returns once every stage
+        acknowledged. The session's history must hold that answer cut the same way."""
+        await self.conversations.truncate(conversation_id, kept_answer_tokens)
+
+    async def close_conversation(self, conversation_id: str) -> None:
+        """The session is gone: abort its request in flight and free every state kept for it."""
+        await self.conversations.close(conversation_id)
+
+    async def _cut(self, request_id: str, conversation: tuple[str, int | None]) -> None:
+        if request_id not in self._aborts:
+            await self._await_abort(request_id, self._broadcast_abort(request_id, conversation))
+
+    async def _await_abort(self, request_id: str, pending: _Abort) -> None:
         try:
             await asyncio.wait_for(pending.done.wait(), self.config.abort_timeout_s)
         except TimeoutError:
@@ -217,12 +267,20 @@ class Coordinator:
                 del self._aborts[request_id]
                 self._ended.add(request_id)
 
-    def _broadcast_abort(self, request_id: str) -> _Abort:
+    def _broadcast_abort(
+        self, request_id: str, conversation: tuple[str, int | None] | None = None
+    ) -> _Abort:
         """Send the abort to every live stage now; ``abort`` waits for the acks and cleans up."""
         pending = _Abort(set(self._stages) - self._dead_stages(), time.perf_counter())
         self._aborts[request_id] = pending
+        if conversation is None:
+            flight = self._flights.get(request_id)
+            conversation = self.conversations.abort_target(
+                request_id, flight.keep_answer_tokens if flight is not None else None
+            )
+        message = Abort(request_id) if conversation is None else Abort(request_id, *conversation)
         for stage in pending.pending:
-            self._endpoint.send(stage, Abort(request_id))
+            self._endpoint.send(stage, message)
         if not pending.pending:
             pending.done.set()
         return pending
@@ -273,12 +331,16 @@ class Coordinator:
                 self._on_terminal_done(payload, source)
             case Failed(request_id=rid, source=source, error=error):
                 self._on_failed(rid, source, error)
-            case AbortAck(request_id=rid, source=source):
+            case AbortAck(request_id=rid, source=source, kept_by=kept_by):
+                pending = self._aborts.get(rid)
+                if pending is not None and self.conversations.keeps(source):
+                    pending.kept_by[source] = kept_by
                 self._on_ack(rid, source)
             case StageStats():
                 self._on_stats(message)
-            case Ready(source=source):
+            case Ready(source=source, keeps_conversations=keeps):
                 self._ready_stages.add(source)
+                self.conversations.on_ready(source, keeps)
                 if source in self._crashed:
                     self._on_recovered(source)
                 if self._ready_stages >= set(self._stages):
@@ -301,7 +363,9 @@ class Coordinator:
         flight.pending_terminals.discard(source)
         if not flight.pending_terminals:
             flight.finished = True
+            flight.outcome = "done"
             flight.chunks.put_nowait(None)
+            self.conversations.end(payload.request_id, "done", None)
 
     def _on_failed(self, rid: str, source: str, error: str) -> None:
         flight = self._flights.get(rid)
@@ -310,12 +374,14 @@ class Coordinator:
             return  # already aborted everywhere
         if flight is not None and not flight.finished:
             flight.finished = True
+            flight.outcome = "failed"
             flight.chunks.put_nowait(PipelineError(source, error))
         # The other stages may still hold the request (a fan-in buffer would wait forever): clear
         # them like an abort. Broadcast now, not in the task: the stream may end first and its
         # ended id would make a later abort() a no-op.
         if rid not in self._aborts:
             self._broadcast_abort(rid)
+        self.conversations.end(rid, "failed", None)
         task = asyncio.get_running_loop().create_task(self.abort(rid))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -335,6 +401,10 @@ class Coordinator:
         metrics.PIPELINE_STAGE_QUEUE_DEPTH.labels(stats.source).set(stats.queue_depth)
         for seconds in stats.step_seconds:
             metrics.PIPELINE_STAGE_SECONDS.labels(stats.source).observe(seconds)
+        metrics.PIPELINE_CONVERSATION_STATE_BYTES.labels(stats.source).set(
+            sum(stats.conversations.values())
+        )
+        metrics.PIPELINE_CONVERSATIONS_KEPT.labels(stats.source).set(len(stats.conversations))
         self._shm_by_stage[stats.source] = stats.shm_bytes
         metrics.PIPELINE_SHM_BYTES.set(sum(self._shm_by_stage.values()) + self._endpoint.shm_bytes())
         if stats.token is not None and stats.token in self._stats_waiters:
@@ -353,11 +423,14 @@ class Coordinator:
         self._ready_stages.discard(stage)
         if self._broken is None:
             self._broken = PipelineError(stage, f"stage crashed: {error}")
+        self.conversations.on_crash(stage)
         for rid, flight in list(self._flights.items()):
             self._casualties.add(rid)
             if not flight.finished:
                 flight.finished = True
+                flight.outcome = "failed"
                 flight.chunks.put_nowait(self._broken)
+            self.conversations.end(rid, "failed", None)
         for rid in list(self._aborts):
             self._on_ack(rid, stage)
         for token, (waiting, done) in list(self._stats_waiters.items()):

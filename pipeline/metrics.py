@@ -23,3 +23,11 @@ PIPELINE_ABORT_CLEAR_SECONDS = Histogram(
     "pipeline_abort_clear_seconds", "Abort sent until every stage acknowledged", buckets=_FAST_BUCKETS
 )
 PIPELINE_SHM_BYTES = Gauge("pipeline_shm_bytes", "Shared memory held for tensors in transit")
+PIPELINE_CONVERSATION_STATE_BYTES = Gauge(
+    "pipeline_conversation_state_bytes",
+    "Bytes of per-conversation state a stage keeps between requests (KV caches)",
+    ["stage"],
+)
+PIPELINE_CONVERSATIONS_KEPT = Gauge(
+    "pipeline_conversations_kept", "Conversations whose state a stage keeps between requests", ["stage"]
+)

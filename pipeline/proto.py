@@ -140,17 +140,39 @@ class Failed:
 
 @dataclass
 class Abort:
-    """Forget ``request_id`` everywhere. Idempotent; each stage answers with an AbortAck."""
+    """Forget ``request_id`` everywhere. Idempotent; each stage answers with an AbortAck.
+
+    For a request of a conversation whose state stages keep, ``conversation_id`` names it: the
+    abort then also reaches a stage that already finished the request, and the kept state goes
+    back to before the request, or (``keep_answer_tokens``) keeps the request's prompt and the
+    first ``keep_answer_tokens`` tokens of its answer: what the user heard.
+    """
 
     request_id: str
+    conversation_id: str | None = None
+    keep_answer_tokens: int | None = None
+
+
+@dataclass
+class DropConversation:
+    """Free the state kept for a conversation (closed, evicted); with ``request_id``, only if
+    that request made it (a late drop never hits newer state). Not acknowledged."""
+
+    conversation_id: str
+    request_id: str | None = None
 
 
 @dataclass
 class AbortAck:
-    """``source`` holds no more state for ``request_id`` and will drop any late data for it."""
+    """``source`` holds no more state for ``request_id`` and will drop any late data for it.
+
+    For an Abort naming a conversation, from a stage that keeps conversations: ``kept_by`` is the
+    request whose turn the conversation's kept state now ends with (None: nothing is kept).
+    """
 
     request_id: str
     source: str
+    kept_by: str | None = None
 
 
 @dataclass
@@ -164,7 +186,8 @@ class StatsRequest:
 class StageStats:
     """A stage's live per-request state and timings, reported to the coordinator.
 
-    ``step_seconds`` holds the compute-step durations since the previous report.
+    ``step_seconds`` holds the compute-step durations since the previous report;
+    ``conversations`` the bytes of state kept per conversation id (not per-request state).
     """
 
     source: str
@@ -173,13 +196,16 @@ class StageStats:
     shm_bytes: int = 0
     step_seconds: list[float] = field(default_factory=list)
     token: int | None = None
+    conversations: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class Ready:
-    """A stage has loaded its model and serves."""
+    """A stage has loaded its model and serves; ``keeps_conversations``: it can keep
+    per-conversation state between requests (its scheduler has the capability)."""
 
     source: str
+    keeps_conversations: bool = False
 
 
 @dataclass
@@ -201,6 +227,7 @@ ControlMessage = (
     | StreamDone
     | Failed
     | Abort
+    | DropConversation
     | AbortAck
     | StatsRequest
     | StageStats

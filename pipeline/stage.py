@@ -14,6 +14,12 @@ An abort is applied on the loop at once (the request is marked gone, its fan-in 
 then in the worker, between two steps; the AbortAck leaves only after the scheduler released its
 state (at once when the stage holds nothing of the request). Per-request entries of ``_active`` live from a request's first message to its final output,
 failure or abort.
+
+Kept conversation state (a scheduler capability, see ``pipeline/scheduling/conversations.py``) is
+the scheduler's, not the stage's: in a stage that keeps conversations, an Abort that names one
+always goes to the worker (the request may have finished here and still own the kept state), and
+DropConversation frees it; other stages treat such an Abort as any other.
+The stage only reports its size per conversation in StageStats.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pipeline.proto import (
     Abort,
     AbortAck,
     ControlMessage,
+    DropConversation,
     Failed,
     MergeFn,
     Ready,
@@ -51,6 +58,7 @@ from pipeline.scheduling.base import (
     Scheduler,
     StageOutput,
     StepResult,
+    conversation_keeper,
     describe_error,
 )
 from pipeline.transport.base import Endpoint
@@ -61,6 +69,10 @@ GONE_MEMORY = 65536
 """How many ended request ids a stage remembers, to drop their late data."""
 
 STATS_INTERVAL_S = 0.2
+
+
+_Counts = tuple[int, int, dict[str, int]]
+"""What the worker reports after a command or step: live requests, queue depth, kept sizes."""
 
 
 @dataclass
@@ -87,6 +99,8 @@ class Stage:
         self.config = config
         self.name = config.name
         self._scheduler = scheduler
+        self._keeper = conversation_keeper(scheduler)
+        self._keeps = self._keeper is not None and self._keeper.keeps_conversations
         self._endpoint = endpoint
         self._merge = merge
         self._active: dict[str, _Request] = {}
@@ -96,8 +110,9 @@ class Stage:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduler_live = 0
         self._scheduler_depth = 0
+        self._conversation_sizes: dict[str, int] = {}
         self._step_seconds: list[float] = []
-        self._last_stats: tuple[int, int, int] | None = None
+        self._last_stats: tuple[int, int, int, int, int] | None = None
 
     # --- event loop side ------------------------------------------------------------------
 
@@ -107,7 +122,7 @@ class Stage:
         worker = threading.Thread(target=self._work, name=f"stage-{self.name}", daemon=True)
         worker.start()
         stats = asyncio.create_task(self._report_stats())
-        self._endpoint.send(COORDINATOR, Ready(self.name))
+        self._endpoint.send(COORDINATOR, Ready(self.name, self._keeps))
         try:
             while True:
                 message = await self._endpoint.recv()
@@ -130,6 +145,11 @@ class Stage:
             case StreamDone(payload=payload):
                 if self._admit(payload):
                     self._queue(payload.request_id, lambda: self._scheduler.close_stream(payload))
+            case Abort(request_id=rid, conversation_id=str() as cid, keep_answer_tokens=keep) if (
+                self._keeps
+            ):
+                self._forget(rid)
+                self._queue(None, lambda: self._abort_in_worker(rid, (cid, keep)))
             case Abort(request_id=rid):
                 held = rid in self._active
                 self._forget(rid)
@@ -140,6 +160,8 @@ class Stage:
                     # output or failure, and the worker skips whatever is still queued for it
                     # (``_ended``). No need to wait for the step in progress to acknowledge.
                     self._endpoint.send(COORDINATOR, AbortAck(rid, self.name))
+            case DropConversation(conversation_id=cid, request_id=rid):
+                self._queue(None, lambda: self._drop_in_worker(cid, rid))
             case StatsRequest(token=token):
                 self._queue(None, lambda: self._post_counts(token))
             case _:
@@ -185,9 +207,9 @@ class Stage:
         self._commands.put(_Command(rid, run))
 
     def _on_worker(
-        self, results: list[StepResult], counts: tuple[int, int], step_s: float | None, token: int | None
+        self, results: list[StepResult], counts: _Counts, step_s: float | None, token: int | None
     ) -> None:
-        self._scheduler_live, self._scheduler_depth = counts
+        self._scheduler_live, self._scheduler_depth, self._conversation_sizes = counts
         if step_s is not None:
             self._step_seconds.append(step_s)
         for result in results:
@@ -201,9 +223,9 @@ class Stage:
         if token is not None:
             self._send_stats(token)
 
-    def _on_abort_done(self, rid: str, counts: tuple[int, int]) -> None:
-        self._scheduler_live, self._scheduler_depth = counts
-        self._endpoint.send(COORDINATOR, AbortAck(rid, self.name))
+    def _on_abort_done(self, rid: str, counts: _Counts, kept_by: str | None = None) -> None:
+        self._scheduler_live, self._scheduler_depth, self._conversation_sizes = counts
+        self._endpoint.send(COORDINATOR, AbortAck(rid, self.name, kept_by))
 
     def _on_worker_died(self, error: str) -> None:
         # Nothing would ever compute or acknowledge again here: a crash the coordinator reports
@@ -236,19 +258,26 @@ class Stage:
             shm_bytes=self._endpoint.shm_bytes(),
             step_seconds=self._step_seconds,
             token=token,
+            conversations=dict(self._conversation_sizes),
         )
 
     def _send_stats(self, token: int | None) -> None:
         stats = self._stats(token)
         self._step_seconds = []
-        self._last_stats = (stats.live_requests, stats.queue_depth, stats.shm_bytes)
+        self._last_stats = self._summary(stats)
         self._endpoint.send(COORDINATOR, stats)
+
+    @staticmethod
+    def _summary(stats: StageStats) -> tuple[int, int, int, int, int]:
+        """What a periodic report is sent for when it changed."""
+        kept = stats.conversations
+        return (stats.live_requests, stats.queue_depth, stats.shm_bytes, len(kept), sum(kept.values()))
 
     async def _report_stats(self) -> None:
         while True:
             await asyncio.sleep(STATS_INTERVAL_S)
             stats = self._stats(None)
-            current = (stats.live_requests, stats.queue_depth, stats.shm_bytes)
+            current = self._summary(stats)
             if stats.step_seconds or current != self._last_stats:
                 self._send_stats(None)
 
@@ -258,16 +287,29 @@ class Stage:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(callback, *args)
 
-    def _counts(self) -> tuple[int, int]:
-        return self._scheduler.live_requests(), self._scheduler.queue_depth()
+    def _counts(self) -> _Counts:
+        return (
+            self._scheduler.live_requests(),
+            self._scheduler.queue_depth(),
+            self._keeper.conversation_sizes() if self._keeper is not None else {},
+        )
 
-    def _abort_in_worker(self, rid: str) -> None:
+    def _abort_in_worker(self, rid: str, conversation: tuple[str, int | None] | None = None) -> None:
+        kept_by = None
         try:
-            self._scheduler.abort(rid)
+            if conversation is None or self._keeper is None:
+                self._scheduler.abort(rid)
+            else:
+                kept_by = self._keeper.abort_conversation(rid, *conversation)
         finally:
             # Schedulers drop a request's entry before releasing it, so even a release that raised
             # left nothing to serve: acknowledge either way, or the abort would wait for nothing.
-            self._post(self._on_abort_done, rid, self._counts())
+            self._post(self._on_abort_done, rid, self._counts(), kept_by)
+
+    def _drop_in_worker(self, cid: str, rid: str | None) -> None:
+        if self._keeper is not None:
+            self._keeper.drop_conversation(cid, rid)
+        self._post(self._on_worker, [], self._counts(), None, None)
 
     def _post_counts(self, token: int) -> None:
         self._post(self._on_worker, [], self._counts(), None, token)

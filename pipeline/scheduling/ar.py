@@ -6,6 +6,11 @@ leaves it the step it finishes. Per-request state is one ARSlot (the runner's KV
 inside), created by the request's first input and released through ``ARRunner.release`` when the
 request finishes, fails or is aborted. The cap counts steps: no request can decode forever, whatever
 the runner does.
+
+With a ``ConversationRunner`` the scheduler also keeps per-conversation state between requests
+(``KeptConversations``): a request of a conversation starts from its kept state, and its end puts
+state back (the whole turn when it finished, what came before it when it failed or was aborted,
+the turn cut to what was heard when an abort says so). Kept state is not counted as live requests.
 """
 
 from __future__ import annotations
@@ -16,11 +21,18 @@ from pipeline.proto import StagePayload
 from pipeline.scheduling.base import (
     ARRunner,
     ARSlot,
+    ConversationRunner,
     RequestError,
     RequestFailure,
     StageOutput,
     StepResult,
     describe_error,
+)
+from pipeline.scheduling.conversations import (
+    PREVIOUS_KEY,
+    SLOT_KEY,
+    KeptConversations,
+    conversation_of,
 )
 
 log = logging.getLogger(__name__)
@@ -35,6 +47,8 @@ class ARScheduler:
         self._max_new_tokens = max_new_tokens
         self._cap_param = cap_param
         self._slots: dict[str, ARSlot] = {}
+        self._kept = KeptConversations(runner) if isinstance(runner, ConversationRunner) else None
+        self.keeps_conversations = self._kept is not None
 
     def _slot(self, payload: StagePayload) -> ARSlot:
         slot = self._slots.get(payload.request_id)
@@ -42,8 +56,15 @@ class ARScheduler:
             cap = self._max_new_tokens
             if self._cap_param is not None and payload.params.get(self._cap_param) is not None:
                 cap = max(1, min(cap, int(payload.params[self._cap_param])))
-            state = self._runner.new_state(payload)
+            ref = conversation_of(payload.params) if self._kept is not None else None
+            made_by = None
+            if ref is None:
+                state = self._runner.new_state(payload)
+            else:
+                state, made_by = self._kept.start(ref, payload)
             slot = ARSlot(payload.request_id, payload.params, state, cap)
+            if ref is not None:
+                slot.extra[SLOT_KEY], slot.extra[PREVIOUS_KEY] = ref.id, made_by
             self._slots[payload.request_id] = slot
         return slot
 
@@ -61,10 +82,34 @@ class ARScheduler:
     def abort(self, request_id: str) -> None:
         self._release(request_id)
 
-    def _release(self, request_id: str) -> None:
-        """Free a request's slot: it finished, failed or was aborted."""
+    def abort_conversation(
+        self, request_id: str, conversation_id: str, keep_answer_tokens: int | None
+    ) -> str | None:
+        if request_id in self._slots:
+            self._release(request_id, keep_answer_tokens)
+        elif self._kept is not None:
+            self._kept.abort_finished(request_id, conversation_id, keep_answer_tokens)
+        return None if self._kept is None else self._kept.made_by(conversation_id)
+
+    def drop_conversation(self, conversation_id: str, request_id: str | None) -> None:
+        if self._kept is not None:
+            self._kept.drop(conversation_id, request_id)
+
+    def conversation_sizes(self) -> dict[str, int]:
+        return {} if self._kept is None else self._kept.sizes()
+
+    def _release(
+        self, request_id: str, keep_answer_tokens: int | None = None, finished: bool = False
+    ) -> None:
+        """Free a request's slot: it finished, failed or was aborted. A conversation's slot first
+        gives back its kept state (see ``KeptConversations.end``)."""
         slot = self._slots.pop(request_id, None)
-        if slot is not None:
+        if slot is None:
+            return
+        try:
+            if self._kept is not None:
+                self._kept.end(slot, keep_answer_tokens, whole=finished)
+        finally:
             self._runner.release(slot)
 
     def has_work(self) -> bool:
@@ -91,7 +136,7 @@ class ARScheduler:
                     log.info("request %s: output cap %d reached", slot.request_id, cap)
                 final = self._runner.finish(slot, capped=capped)
                 outputs.append(StageOutput(slot.request_id, final or {}, final=True))
-                self._release(slot.request_id)
+                self._release(slot.request_id, finished=True)
         return outputs
 
     def _fail(self, slot: ARSlot, err: BaseException) -> RequestFailure:

@@ -9,6 +9,13 @@ final output, its failure or its abort, and ``live_requests`` counts exactly tha
 Three schedulers implement the contract (``simple``, ``ar``, ``vocoder``); each drives a model
 runner of its own shape (``BatchRunner``, ``ARRunner``, ``VocoderRunner``), built by a stage factory
 in ``pipeline/models/``. The stage never asks which scheduler or runner it has.
+
+One optional capability (``ConversationScheduler``): a scheduler may keep per-conversation state
+between requests (the ``ar`` scheduler does when its runner is a ``ConversationRunner``: the
+thinker's KV cache). Such state is not per-request state: it outlives its requests, is owned by the
+scheduler's ``KeptConversations`` (``conversations.py``) and is freed by ``drop_conversation``
+(session closed, evicted) or replaced by the conversation's next request. ``simple`` and
+``vocoder`` answer its methods as no-ops.
 """
 
 from __future__ import annotations
@@ -81,6 +88,38 @@ class Scheduler(Protocol):
         """Inputs waiting to be computed."""
 
 
+@runtime_checkable
+class ConversationScheduler(Protocol):
+    """The optional capability of a Scheduler: per-conversation state kept between requests."""
+
+    keeps_conversations: bool
+    """Whether this scheduler keeps per-conversation state (requests that name a conversation)."""
+
+    def abort_conversation(
+        self, request_id: str, conversation_id: str, keep_answer_tokens: int | None
+    ) -> str | None:
+        """Abort a request of a conversation, in flight here or already finished here.
+
+        The conversation's kept state goes back to what it was before the request
+        (``keep_answer_tokens`` None) or keeps the request's prompt and its first
+        ``keep_answer_tokens`` answer tokens (barge-in: what the user heard; only if the request
+        had begun here). Idempotent. Returns the request whose turn the kept state now ends with
+        (None: nothing kept), so the coordinator knows whether the turn was kept.
+        """
+
+    def drop_conversation(self, conversation_id: str, request_id: str | None) -> None:
+        """Free a conversation's kept state; with ``request_id``, only if that request made it."""
+
+    def conversation_sizes(self) -> dict[str, int]:
+        """Bytes of kept state per conversation id (empty without the capability)."""
+
+
+def conversation_keeper(scheduler: Scheduler) -> ConversationScheduler | None:
+    """The scheduler as a ConversationScheduler, or None when it has no such methods (a scheduler
+    written before the capability existed still serves, keeping nothing)."""
+    return scheduler if isinstance(scheduler, ConversationScheduler) else None
+
+
 # --- runners: what pipeline/models/ provides for each scheduler ------------------------------
 
 
@@ -151,6 +190,54 @@ class ARRunner(Protocol):
 
     def release(self, slot: ARSlot) -> None:
         """Free the slot's KV cache and state."""
+
+
+@runtime_checkable
+class ConversationRunner(Protocol):
+    """An ARRunner that can keep a request's state for its conversation's next request.
+
+    ``kept`` objects are the runner's (KV cache, token ids, positions); the scheduler stores them
+    between requests and hands each back exactly once (to ``resume``, ``truncate`` or ``drop``).
+    """
+
+    def resume(self, kept: Any, payload: StagePayload) -> Any:
+        """Per-request state continuing ``kept``: the payload holds only what is new. Raises
+        before taking ``kept`` over when the payload is bad (``kept`` is then still valid)."""
+
+    def started(self, slot: ARSlot) -> bool:
+        """Whether the request has added anything to its state yet (e.g. its prefill ran)."""
+
+    def keep(self, slot: ARSlot) -> Any:
+        """Take the slot's state as it stands (prompt and answer so far) out of the slot, as a
+        kept object that also knows what it was before this request; ``release`` follows."""
+
+    def truncate(self, kept: Any, answer_tokens: int | None) -> Any | None:
+        """``kept`` with its last request undone (None) or its last answer cut to ``answer_tokens``
+        tokens; None when nothing is left."""
+
+    def kept_bytes(self, kept: Any) -> int:
+        """Memory held by ``kept``."""
+
+    def drop(self, kept: Any) -> None:
+        """Free ``kept``."""
+
+
+class NoConversations:
+    """The conversation methods of a scheduler that keeps none (``simple``, ``vocoder``)."""
+
+    keeps_conversations = False
+
+    def abort_conversation(
+        self, request_id: str, conversation_id: str, keep_answer_tokens: int | None
+    ) -> str | None:
+        self.abort(request_id)  # type: ignore[attr-defined]
+        return None
+
+    def drop_conversation(self, conversation_id: str, request_id: str | None) -> None:
+        return None
+
+    def conversation_sizes(self) -> dict[str, int]:
+        return {}
 
 
 class VocoderRunner(Protocol):

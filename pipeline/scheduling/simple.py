@@ -13,6 +13,7 @@ from pipeline.proto import StagePayload
 from pipeline.scheduling.base import (
     BatchItem,
     BatchRunner,
+    NoConversations,
     RequestFailure,
     StageOutput,
     StepResult,
@@ -22,7 +23,7 @@ from pipeline.scheduling.base import (
 log = logging.getLogger(__name__)
 
 
-class SimpleScheduler:
+class SimpleScheduler(NoConversations):
     def __init__(self, runner: BatchRunner, max_batch: int) -> None:
         self._runner = runner
         self._max_batch = max_batch

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import (
+    NoConversations,
     RequestFailure,
     StageOutput,
     StepResult,
@@ -32,7 +33,7 @@ class _Stream:
     closed: bool = False
 
 
-class VocoderScheduler:
+class VocoderScheduler(NoConversations):
     def __init__(
         self, runner: VocoderRunner, max_batch: int, chunk_frames: int, first_chunk_frames: int
     ) -> None:

@@ -51,6 +51,8 @@ class Code2WavState:
     cache: DynamicCache
     position: int = 0
     history: dict[int, torch.Tensor] = field(default_factory=dict)
+    answer_tokens: int = 0
+    """The thinker's answer tokens voiced by the frames decoded so far (from the talker's chunks)."""
 
 
 class StreamingCode2Wav:
@@ -138,11 +140,15 @@ class Code2Wav:
         return self.streaming.new_state()
 
     def decode(self, state: Code2WavState, chunks: list[dict[str, Any]], final: bool) -> dict[str, Any]:
+        """Output: ``audio``, ``sample_rate`` and ``answer_tokens``: the answer tokens voiced up to
+        the end of this chunk (cumulative), what a barge-in after this chunk keeps."""
+        state.answer_tokens = max([state.answer_tokens, *(int(c.get("answer_tokens", 0)) for c in chunks)])
         if not chunks:
-            return {"audio": np.zeros(0, dtype=np.float32), "sample_rate": SAMPLE_RATE}
-        codes = torch.stack([c["codes"] for c in chunks], dim=-1).to(self.device)
-        audio = self.streaming.decode(state, codes)
-        return {"audio": audio.float().cpu().numpy(), "sample_rate": SAMPLE_RATE}
+            audio = np.zeros(0, dtype=np.float32)
+        else:
+            codes = torch.stack([c["codes"] for c in chunks], dim=-1).to(self.device)
+            audio = self.streaming.decode(state, codes).float().cpu().numpy()
+        return {"audio": audio, "sample_rate": SAMPLE_RATE, "answer_tokens": state.answer_tokens}
 
     def release(self, state: Code2WavState) -> None:
         state.history.clear()

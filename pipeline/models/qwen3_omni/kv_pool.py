@@ -55,6 +55,17 @@ class KVPool:
         if request_id in self._rows:
             self._rearrange([r for r in self._rows if r != request_id], park_leaving=False)
 
+    def take(self, request_id: str) -> DynamicCache | None:
+        """Remove a request's cache from the pool and hand it over (solo, unpadded): a kept
+        conversation state owns it from now on."""
+        if request_id in self._solo:
+            return self._solo.pop(request_id)
+        if request_id not in self._rows:
+            return None
+        cache = self._cut(self._rows.index(request_id))
+        self._rearrange([r for r in self._rows if r != request_id], park_leaving=False)
+        return cache
+
     def __len__(self) -> int:
         """Requests holding a cache here (solo or in the batch)."""
         return len(self._solo) + len(self._rows)

@@ -7,8 +7,12 @@ rows after the ``<|im_start|>assistant\\n`` header, then the thinker's answer to
   ``text_projection`` elsewhere), then the assistant part: the 3 header rows, 4 x tts_pad, tts_bos
   and X[0], added to the codec specials (nothink, think_bos, think_eos, speaker, pad, bos). It
   yields codebook-0 of frame 0.
-- Decode step j: the code predictor completes frame j, which is emitted (``{"codes": [groups]}``,
-  one frame per chunk); the talker then consumes the frame's embedding sum plus the text slot j:
+- Decode step j: the code predictor completes frame j, which is emitted (``{"codes": [groups],
+  "answer_tokens": n}``, one frame per chunk; n: the answer tokens among X[0..j], the text the
+  talker had read when it drew frame j. The talker reads one token per frame, ahead of the speech
+  that voices it, and the model states no finer alignment: n is what a barge-in after this frame
+  keeps, an upper bound of what was audible); the talker then consumes the frame's embedding sum
+  plus the text slot j:
   ``text_projection(X[j+1])``; tts_eos when X[j+1] is the thinker's last token (its EOS, or the
   token it was capped on, which the reference never voices); tts_pad after that. Step j waits
   (``runnable``) until slot j is known, so the talker never runs ahead of its text.
@@ -47,6 +51,8 @@ class TalkerState:
     prompt: dict[str, torch.Tensor] | None = None
     texts: list[torch.Tensor] = field(default_factory=list)
     answer_tokens: int = 0
+    prompt_texts: int = 0
+    """Rows of X before the answer (prompt rows after the assistant header; usually none)."""
     total: int | None = None
     """len(X) once the thinker's last token is known."""
     tts: torch.Tensor | None = None
@@ -150,6 +156,7 @@ class Talker:
         if "user_embeds" in data:
             st.prompt = {k: data[k] for k in ("user_embeds", "user_mm", "assistant_embeds", "tts_embeds")}
             st.texts.extend(data["assistant_embeds"][3:])
+            st.prompt_texts = len(st.texts)
         st.texts.append(data["token_embed"])
         st.answer_tokens += 1
         if data.get("last"):
@@ -274,7 +281,8 @@ class Talker:
         frames = codes.cpu()  # one device sync for the batch
         for i, slot in enumerate(slots):
             st = slot.state
-            data = {"codes": frames[i]}
+            voiced = max(0, min(st.frames + 1 - st.prompt_texts, st.answer_tokens))
+            data = {"codes": frames[i], "answer_tokens": voiced}
             if self._capped_next(slot):
                 results[slot.request_id] = ARStepResult(data, finished=True)
                 continue

@@ -19,6 +19,13 @@ Each step streams one chunk per request (to ``decode`` and ``talker``):
 
 Per-request state (ThinkerState in ``ARSlot.state``, KV in the runner's KVPool) lives from
 ``new_state`` to ``release``.
+
+Conversations (ConversationRunner): a request that names a conversation may leave its state for
+the next one (``keep`` -> ``KeptThinker``, see ``kept.py``); the next request's input holds only
+its new messages, rendered by the same chat template, and ``resume`` prefills just those after the
+kept tokens (the last answer's final token, which has no KV yet, and ``<|im_end|>`` if the answer
+was cut, then ``\n``), at the positions that follow: the same tokens at the same positions as a
+fresh request over the whole history, so the same answer.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from transformers import DynamicCache
 from pipeline.models import StageContext
 from pipeline.models.qwen3_omni import loading
 from pipeline.models.qwen3_omni.detokenize import DETOK_CONTEXT
+from pipeline.models.qwen3_omni.kept import KeptThinker, cut
 from pipeline.models.qwen3_omni.kv_pool import KVPool
 from pipeline.models.qwen3_omni.sampling import Sampling, SamplingParams, pick_rows
 from pipeline.proto import StagePayload
@@ -41,11 +49,22 @@ from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
 @dataclass
 class ThinkerState:
     input_ids: torch.Tensor
+    """What the prefill feeds: the whole prompt, or (continuing ``past``) what is new."""
     audio_embeds: torch.Tensor | None
     sampling: Sampling
     tokens: list[int] = field(default_factory=list)
     position: int = 0
     prefilled: bool = False
+    past: KeptThinker | None = None
+    """The conversation state this request continues, until its prefill takes the cache over."""
+    new_from: int = 0
+    """Where this request's own prompt (the preprocessed ids, with their audio) starts in input_ids."""
+    prompt_ids: torch.Tensor | None = None
+    """Every prompt token (the conversation's and this request's), from the prefill on (CPU)."""
+    user_embeds: torch.Tensor | None = None
+    user_mm: torch.Tensor | None = None
+    base: int = 0
+    base_users: int = 0
 
 
 def sampling_params(params: dict[str, Any]) -> SamplingParams:
@@ -74,6 +93,8 @@ class Thinker:
         thinker_cfg = config.thinker_config
         self.text_config = thinker_cfg.text_config
         self.eos = config.im_end_token_id
+        self.im_end = config.im_end_token_id
+        """What closes a message in the chat template (``eos`` is the token that stops decoding)."""
         self.audio_token = thinker_cfg.audio_token_id
         self.mm_tokens = [thinker_cfg.audio_token_id, thinker_cfg.image_token_id, thinker_cfg.video_token_id]
         self.im_start = config.im_start_token_id
@@ -83,10 +104,14 @@ class Thinker:
         self.accept_layer = config.talker_config.accept_hidden_layer
         self.max_positions = self.text_config.max_position_embeddings
         self.pool = KVPool()
+        self.newline = loading.load_tokenizer(source.path).encode("\n")
 
     # -- ARRunner ----------------------------------------------------------------------------
 
     def new_state(self, payload: StagePayload) -> ThinkerState:
+        return self._state(payload, None)
+
+    def _state(self, payload: StagePayload, past: KeptThinker | None) -> ThinkerState:
         rid, data = payload.request_id, payload.data
         ids = data["input_ids"]
         audio = data.get("audio_embeds")
@@ -96,10 +121,60 @@ class Thinker:
             raise RequestError(rid, f"prompt has {n_audio} audio tokens but {got} audio embeddings")
         if self._assistant_start(ids) is None:
             raise RequestError(rid, "prompt does not end with an assistant turn header")
-        if ids.numel() >= self.max_positions:
-            raise RequestError(rid, f"prompt of {ids.numel()} tokens exceeds {self.max_positions}")
         sampling = Sampling(sampling_params(payload.params), self.device)
-        return ThinkerState(input_ids=ids, audio_embeds=audio if got else None, sampling=sampling)
+        before = torch.zeros(0, dtype=ids.dtype)
+        if past is not None:
+            # An answer cut short (barge-in, cap) never got its <|im_end|>; the template's is added.
+            ended = past.ids.numel() > 0 and int(past.ids[-1]) == self.im_end
+            joiner = ([] if ended else [self.im_end]) + self.newline
+            before = torch.cat([past.ids[past.cached:], torch.tensor(joiner, dtype=ids.dtype)])
+        total = (0 if past is None else past.cached) + before.numel() + ids.numel()
+        if total >= self.max_positions:
+            raise RequestError(rid, f"prompt of {total} tokens exceeds {self.max_positions}")
+        return ThinkerState(
+            input_ids=torch.cat([before, ids]) if past is not None else ids,
+            audio_embeds=audio if got else None,
+            sampling=sampling,
+            past=past,
+            new_from=before.numel(),
+        )
+
+    # -- ConversationRunner --------------------------------------------------------------------
+
+    def resume(self, kept: KeptThinker, payload: StagePayload) -> ThinkerState:
+        return self._state(payload, kept)
+
+    def started(self, slot: ARSlot) -> bool:
+        return slot.state.prefilled
+
+    def keep(self, slot: ARSlot) -> KeptThinker | None:
+        st: ThinkerState = slot.state
+        if not st.prefilled:
+            past, st.past = st.past, None
+            if past is None:
+                return None
+            length, users = past.ids.numel(), past.user_mm.numel()
+            return KeptThinker(past.ids, past.cache, past.user_embeds, past.user_mm, length, users, length)
+        cache = self.pool.take(slot.request_id)
+        assert st.prompt_ids is not None and st.user_embeds is not None and st.user_mm is not None
+        return KeptThinker(
+            ids=torch.cat([st.prompt_ids, torch.tensor(st.tokens, dtype=st.prompt_ids.dtype)]),
+            cache=cache,
+            user_embeds=st.user_embeds,
+            user_mm=st.user_mm,
+            base=st.base,
+            base_users=st.base_users,
+            answer_start=st.prompt_ids.numel(),
+        )
+
+    def truncate(self, kept: KeptThinker | None, answer_tokens: int | None) -> KeptThinker | None:
+        return None if kept is None else cut(kept, answer_tokens)
+
+    def kept_bytes(self, kept: KeptThinker) -> int:
+        return kept.nbytes()
+
+    def drop(self, kept: KeptThinker) -> None:
+        kept.cache = DynamicCache()  # the tensors go now, whoever still holds the object
 
     def feed(self, slot: ARSlot, payload: StagePayload) -> None:
         raise RuntimeError("the thinker takes whole inputs, not streams")
@@ -127,36 +202,43 @@ class Thinker:
     def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
         st: ThinkerState = slot.state
         stopped = bool(st.tokens) and st.tokens[-1] == self.eos
+        prompt = int(st.prompt_ids.numel()) if st.prompt_ids is not None else int(st.input_ids.numel())
         return {
             "context_ids": st.tokens[-DETOK_CONTEXT:],
             "finish_reason": "stop" if stopped else "length",
             "usage": {
-                "prompt_tokens": int(st.input_ids.numel()),
+                "prompt_tokens": prompt,
                 "completion_tokens": len(st.tokens),
-                "total_tokens": int(st.input_ids.numel()) + len(st.tokens),
+                "total_tokens": prompt + len(st.tokens),
             },
         }
 
     def release(self, slot: ARSlot) -> None:
         self.pool.release(slot.request_id)
+        if slot.state is not None and slot.state.past is not None:
+            self.drop(slot.state.past)  # released while still holding the state it continued
         slot.state = None
 
     # -- compute -----------------------------------------------------------------------------
 
     def _prefill(self, slot: ARSlot) -> ARStepResult:
         st: ThinkerState = slot.state
+        past, st.past = st.past, None
+        start = 0 if past is None else past.cached
         ids = st.input_ids.to(self.device)[None]
         embeds = self.embed(ids)
         if st.audio_embeds is not None:
-            mask = (ids == self.audio_token)[..., None].expand_as(embeds)
+            mask = ids == self.audio_token
+            mask[:, : st.new_from] = False  # audio is only in this request's own prompt
+            mask = mask[..., None].expand_as(embeds)
             embeds = embeds.masked_scatter(mask, st.audio_embeds.to(embeds.device, embeds.dtype))
-        length = ids.shape[1]
-        positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(4, 1, -1)
-        cache = DynamicCache(config=self.text_config)
+        end = start + ids.shape[1]
+        positions = torch.arange(start, end, device=self.device).view(1, 1, -1).expand(4, 1, -1)
+        cache = DynamicCache(config=self.text_config) if past is None else past.cache
         out = self.model.model.language_model(
             inputs_embeds=embeds,
             position_ids=positions,
-            attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
+            attention_mask=torch.ones(1, end, dtype=torch.long, device=self.device),
             cache=cache,
             use_cache=True,
             output_hidden_states=[self.accept_layer],
@@ -164,8 +246,17 @@ class Thinker:
         logits = self.model.lm_head(out.last_hidden_state[:, -1])
         token = pick_rows(logits, [st.sampling], [[]])[0]
         self.pool.add(slot.request_id, cache)
-        st.prefilled, st.position, st.audio_embeds = True, length, None
-        prompt = self._talker_prompt(ids[0], embeds[0], out.hidden_states[self.accept_layer][0])
+        st.prefilled, st.position, st.audio_embeds = True, end, None
+        st.prompt_ids = st.input_ids if past is None else torch.cat([past.ids[:start], st.input_ids])
+        if past is not None:
+            st.base, st.base_users = past.ids.numel(), past.user_mm.numel()
+        prompt = self._talker_prompt(
+            st.prompt_ids.to(self.device), start, embeds[0], out.hidden_states[self.accept_layer][0]
+        )
+        st.user_embeds, st.user_mm = prompt["user_embeds"], prompt["user_mm"]
+        if past is not None:
+            prompt["user_embeds"] = st.user_embeds = torch.cat([past.user_embeds, st.user_embeds])
+            prompt["user_mm"] = st.user_mm = torch.cat([past.user_mm, st.user_mm])
         return self._emit(slot, token, self._embed_cpu([token])[0], prompt)
 
     def _decode(self, slots: list[ARSlot]) -> dict[str, ARStepResult]:
@@ -210,22 +301,23 @@ class Thinker:
         return int(starts[-1]) if len(starts) else None
 
     def _talker_prompt(
-        self, ids: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor
+        self, ids: torch.Tensor, start: int, embeds: torch.Tensor, hidden: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """What the talker's prefill takes from the prompt, selected as the reference selects it."""
+        """What the talker's prefill takes from the rows ``ids[start:]`` just prefilled (``embeds``,
+        ``hidden``), selected as the reference selects it from the whole prompt ``ids``."""
         n = ids.shape[0]
         positions = torch.arange(n, device=ids.device)
         im_start = torch.where(ids == self.im_start, positions, positions.new_full((), -1))
         previous = torch.cummax(im_start, dim=0).values.clamp_min(0)
-        role = ids[(previous + 1).clamp_max(n - 1)]
+        role = ids[(previous + 1).clamp_max(n - 1)][start:]
         user = role == self.user_token
-        mm = torch.isin(ids, torch.tensor(self.mm_tokens, device=ids.device))
+        mm = torch.isin(ids[start:], torch.tensor(self.mm_tokens, device=ids.device))
         user_embeds = torch.where(mm[:, None], hidden, embeds)[user]
-        start = self._assistant_start(ids)
+        header = self._assistant_start(ids) - start
         tts = self.embed(torch.tensor(self.tts_tokens, device=ids.device))
         return {
             "user_embeds": user_embeds.cpu(),
             "user_mm": mm[user].cpu(),
-            "assistant_embeds": embeds[start:].cpu(),
+            "assistant_embeds": embeds[header:].cpu(),
             "tts_embeds": tts.cpu(),
         }

@@ -1,0 +1,75 @@
+"""The thinker's state kept for a conversation between its requests (the ConversationRunner side).
+
+A ``KeptThinker`` holds every token of the conversation so far (prompts and answers, as the chat
+template renders them: ``<|im_start|>role\\n…<|im_end|>\\n`` per message), the KV cache of all of
+them but the last answer token (which was sampled, never fed back), and the talker's prompt rows
+of every user turn so far (the talker's prefill takes the rows of all user turns of the history,
+as ``generate`` does). It also remembers where its last request began (``base``) and where that
+request's answer begins (``answer_start``), so the request can be undone or its answer cut to what
+the user heard.
+
+Ownership: the thinker runner creates it (``Thinker.keep``) and the ``ar`` scheduler's
+KeptConversations owns it between requests; the conversation's next request takes it over
+(``Thinker.resume``: its cache goes back into the runner's KVPool under the new request id), or
+``drop`` frees it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class KeptThinker:
+    ids: torch.Tensor
+    """Every token so far, 1-D long on the CPU."""
+    cache: DynamicCache
+    """KV of ``ids[:cache.get_seq_length()]``."""
+    user_embeds: torch.Tensor
+    """The talker's prompt rows of every user turn so far [U, hidden] (CPU)."""
+    user_mm: torch.Tensor
+    """Which of those rows are audio [U] (CPU)."""
+    base: int
+    """len(ids) before the last request (0: it started the conversation's state)."""
+    base_users: int
+    answer_start: int
+    """Where the last request's answer begins in ``ids``."""
+
+    @property
+    def cached(self) -> int:
+        return self.cache.get_seq_length()
+
+    def nbytes(self) -> int:
+        tensors = [self.ids, self.user_embeds, self.user_mm]
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                tensors += [layer.keys, layer.values]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def cut(kept: KeptThinker, answer_tokens: int | None) -> KeptThinker | None:
+    """``kept`` with its last request undone (``answer_tokens`` None) or its last answer cut to
+    ``answer_tokens`` tokens; None when nothing is left. Reuses (crops) the same cache."""
+    if answer_tokens is None:
+        if kept.base == 0:
+            return None
+        length, users = kept.base, kept.base_users
+        base, base_users, answer_start = length, users, length
+    else:
+        length = min(kept.ids.numel(), kept.answer_start + max(0, int(answer_tokens)))
+        users = kept.user_mm.numel()
+        base, base_users, answer_start = kept.base, kept.base_users, kept.answer_start
+    if kept.cached > length:
+        kept.cache.crop(length - kept.cached)  # transformers 5: a negative count of tokens to remove
+    return KeptThinker(
+        ids=kept.ids[:length].clone(),
+        cache=kept.cache,
+        user_embeds=kept.user_embeds[:users],
+        user_mm=kept.user_mm[:users],
+        base=base,
+        base_users=base_users,
+        answer_start=answer_start,
+    )

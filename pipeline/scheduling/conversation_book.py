@@ -1,0 +1,185 @@
+"""The coordinator's book of conversations whose state stages keep, and its memory policy.
+
+The session's side of the contract (model-agnostic; ``OmniRequest.inputs["messages"]`` is the
+pipeline's one input shape):
+- every request of a conversation carries ``params["conversation_id"]`` and, as before, the whole
+  history in ``inputs["messages"]``, oldest first;
+- the history the kept state covers is the previous request's messages plus its answer, so the
+  next request continues it when its messages extend that (its message at that index is the
+  assistant's answer, cut to what was heard after a barge-in, and new messages follow). Optionally
+  ``params["conversation_kept_messages"]`` states the session's own count of those messages; a
+  request that does not continue the kept state (another count, an edited history, no kept state:
+  the first turn, after an eviction, a failure or a restart) is a full prefill that starts the
+  conversation's state afresh: the answer is the same, only slower (exactly the same when the
+  history's assistant text tokenizes back to the tokens the model produced);
+- a session that edits what came before (new instructions, a deleted or inserted item) calls
+  ``Coordinator.close_conversation`` or takes a new conversation id: the book cannot see edits.
+
+Who owns what: the coordinator owns this book (its event loop only). A record lives from a
+conversation's first request until ``close`` (the session closed) or a stage crash; the state it
+describes lives in the stages that keep conversations (``conversations.py``) and is dropped when
+the record says so: ``close``, a failed request, or an eviction. Evictions pick idle conversations
+(no request in flight), least recently used first, until every keeping stage is within its
+``Budget``; a conversation over the per-conversation budget is dropped once idle.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.proto import OmniRequest
+from pipeline.scheduling.conversations import CONVERSATION_PARAM
+
+SESSION_PARAM = "conversation_id"
+"""Request param naming the conversation a request continues (set by the session)."""
+
+SESSION_KEPT_PARAM = "conversation_kept_messages"
+"""Optional request param: how many leading messages the session believes the kept state covers."""
+
+OPTIONS_KEY = "conversation_state"
+"""Stage option with the budget of a stage that keeps conversations."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes of kept conversation state one stage may hold (defaults fit a GPU next to a 30B MoE
+    thinker: ~100 KiB of KV per token there, so a 512 MiB conversation is ~5k tokens)."""
+
+    max_bytes: int = 4 << 30
+    max_bytes_per_conversation: int = 512 << 20
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> Budget:
+        return cls(**options.get(OPTIONS_KEY, {}))
+
+
+@dataclass
+class _Record:
+    kept: bool = False
+    """Whether the stages hold state for this conversation that the next request may continue."""
+    covers: int = 0
+    """Leading messages of the history that the kept state covers."""
+    last_request: str | None = None
+    """The request that made the kept state; drops and cuts name it, so they never hit newer state."""
+    busy: str | None = None
+    """The conversation's request in flight, if any."""
+    resumed: bool = False
+    """Whether ``busy`` continues kept state (else it started afresh)."""
+    messages: int = 0
+    """How many messages ``busy`` carried."""
+    last_used: int = 0
+
+
+class ConversationBook:
+    """Which conversations the stages keep, what each covers, and which to evict."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, _Record] = {}
+        self._by_request: dict[str, str] = {}
+        self._clock = itertools.count(1)
+
+    def begin(self, request: OmniRequest) -> OmniRequest:
+        """The request to submit: tagged with its conversation, its inputs cut to what is new when
+        it continues kept state. A second request while one is in flight keeps nothing."""
+        cid = str(request.params[SESSION_PARAM])
+        record = self._records.setdefault(cid, _Record())
+        messages = request.inputs.get("messages")
+        if record.busy is not None or not isinstance(messages, list):
+            return request
+        resume = record.kept and self._continues(record, messages, request.params)
+        inputs = {**request.inputs, "messages": messages[record.covers:]} if resume else request.inputs
+        params = {**request.params, CONVERSATION_PARAM: {"id": cid, "resume": resume}}
+        record.busy, record.resumed, record.messages = request.request_id, resume, len(messages)
+        self._by_request[request.request_id] = cid
+        return OmniRequest(request.request_id, inputs, params)
+
+    @staticmethod
+    def _continues(record: _Record, messages: list[Any], params: dict[str, Any]) -> bool:
+        claimed = params.get(SESSION_KEPT_PARAM)
+        if claimed is not None and claimed != record.covers:
+            return False
+        if len(messages) <= record.covers:
+            return False
+        answer = messages[record.covers - 1]
+        return isinstance(answer, dict) and answer.get("role") == "assistant"
+
+    def conversation_of(self, request_id: str) -> str | None:
+        """The conversation of a request in flight that keeps state."""
+        return self._by_request.get(request_id)
+
+    def end(
+        self, request_id: str, outcome: str, keep_answer_tokens: int | None, turn_kept: bool = True
+    ) -> bool:
+        """A request of a conversation ended: ``done``, ``aborted`` or ``failed``; ``turn_kept``:
+        an abort that kept answer tokens found the request begun in every keeping stage (else its
+        state is the one from before it). True when the stages must drop the conversation's state
+        (after a failure nobody vouches for it)."""
+        cid = self._by_request.pop(request_id, None)
+        record = self._records.get(cid) if cid is not None else None
+        if record is None or record.busy != request_id:
+            return False
+        record.busy = None
+        record.last_used = next(self._clock)
+        if outcome == "done" or (outcome == "aborted" and keep_answer_tokens is not None and turn_kept):
+            record.kept, record.covers, record.last_request = True, record.messages + 1, request_id
+        elif outcome == "aborted":
+            # Stages went back to the state before the request: nothing, if it started afresh.
+            record.kept = record.kept and record.resumed
+        else:
+            record.kept = False
+            return True
+        return False
+
+    def busy_request(self, cid: str) -> str | None:
+        record = self._records.get(cid)
+        return None if record is None else record.busy
+
+    def last_request(self, cid: str) -> str | None:
+        """The request whose state the stages keep for ``cid`` (when idle and kept)."""
+        record = self._records.get(cid)
+        if record is None or not record.kept or record.busy is not None:
+            return None
+        return record.last_request
+
+    def conversations_made_by(self, request_id: str) -> list[str]:
+        """The conversation whose kept state ``request_id`` made, if it is idle (zero or one)."""
+        return [cid for cid in self._records if self.last_request(cid) == request_id]
+
+    def close(self, cid: str) -> None:
+        self._records.pop(cid, None)
+        self._by_request = {rid: c for rid, c in self._by_request.items() if c != cid}
+
+    def clear(self) -> None:
+        """A keeping stage restarted with nothing: every conversation starts afresh next time."""
+        for record in self._records.values():
+            record.kept = False
+
+    def evictions(self, sizes: dict[str, int], budget: Budget) -> list[tuple[str, str | None]]:
+        """(conversation, request that made its state) to drop so that one stage holding ``sizes``
+        (bytes per conversation) keeps within ``budget``; the book forgets their state at once."""
+        drops: list[tuple[str, str | None]] = []
+        total = sum(sizes.values())
+        idle: list[tuple[int, str]] = []
+        for cid, size in sizes.items():
+            record = self._records.get(cid)
+            if record is not None and record.busy is not None:
+                continue
+            if record is None or not record.kept:  # left over (closed, failed): never continued
+                drops.append((cid, None))
+            elif size > budget.max_bytes_per_conversation:
+                drops.append((cid, record.last_request))
+            else:
+                idle.append((record.last_used, cid))
+                continue
+            total -= size
+        for _, cid in sorted(idle):
+            if total <= budget.max_bytes:
+                break
+            drops.append((cid, self._records[cid].last_request))
+            total -= sizes[cid]
+        for cid, _ in drops:
+            if cid in self._records:
+                self._records[cid].kept = False
+        return drops

@@ -1,0 +1,144 @@
+"""The coordinator's side of kept conversation state: which stages keep it, the book, the budget.
+
+Owned by the coordinator and run on its event loop. It turns the session's requests into requests
+that continue kept state (``ConversationBook.begin``), learns how each ended, cuts and drops kept
+state in the stages that keep conversations (those whose Ready said so), and after each turn
+checks every keeping stage's bytes (a fresh StageStats) against its ``Budget``, evicting idle
+conversations least recently used first. Nothing here holds per-request state beyond the book's
+entry of a request in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pipeline.config import PipelineConfig
+from pipeline.proto import DropConversation, OmniRequest, StageStats
+from pipeline.scheduling.conversation_book import SESSION_PARAM, Budget, ConversationBook
+
+log = logging.getLogger(__name__)
+
+Cut = Callable[[str, tuple[str, int | None]], Awaitable[None]]
+"""Broadcast an Abort of (request, (conversation, answer tokens to keep)) and wait for the acks."""
+
+
+class ConversationKeeping:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        send: Callable[[str, Any], None],
+        cut: Cut,
+        abort: Callable[[str, int | None], Awaitable[None]],
+        stage_stats: Callable[[], Awaitable[dict[str, StageStats]]],
+    ) -> None:
+        self.book = ConversationBook()
+        self._budgets = {s.name: Budget.from_options(s.options) for s in config.stages}
+        self._keepers: set[str] = set()
+        self._send = send
+        self._cut = cut
+        self._abort = abort
+        self._stage_stats = stage_stats
+        self._budget_task: asyncio.Task[None] | None = None
+        self._budget_again = False
+
+    # --- requests -------------------------------------------------------------------------
+
+    def begin(self, request: OmniRequest) -> OmniRequest:
+        """The request to submit (see ConversationBook.begin); unchanged when no stage keeps any."""
+        if not self._keepers or request.params.get(SESSION_PARAM) is None:
+            return request
+        return self.book.begin(request)
+
+    def abort_target(self, request_id: str, keep: int | None) -> tuple[str, int | None] | None:
+        """What an Abort of a request in flight says about its conversation, or None."""
+        cid = self.book.conversation_of(request_id)
+        return None if cid is None else (cid, keep)
+
+    def end(self, request_id: str, outcome: str, keep: int | None, turn_kept: bool = True) -> None:
+        """A request ended (done, failed, or aborted once every stage acknowledged): a
+        conversation's turn updates the book, and the budget is checked."""
+        cid = self.book.conversation_of(request_id)
+        if cid is None:
+            return
+        if self.book.end(request_id, outcome, keep, turn_kept):
+            self._drop(cid, None)
+        self._check_budget()
+
+    # --- client API (through the coordinator) ---------------------------------------------
+
+    async def truncate(self, cid: str, keep_answer_tokens: int) -> None:
+        """Cut the conversation's last answer to ``keep_answer_tokens`` tokens (in flight or not)."""
+        busy = self.book.busy_request(cid)
+        if busy is not None:
+            await self._abort(busy, keep_answer_tokens)
+            return
+        last = self.book.last_request(cid)
+        if last is not None:
+            await self._cut(last, (cid, keep_answer_tokens))
+
+    async def cut_ended(self, request_id: str, keep_answer_tokens: int) -> None:
+        """A barge-in on a request that already ended: cut it if it made a kept state."""
+        for cid in self.book.conversations_made_by(request_id):
+            await self._cut(request_id, (cid, keep_answer_tokens))
+
+    async def close(self, cid: str) -> None:
+        """The session closed: abort its request in flight, then free everything kept for it."""
+        busy = self.book.busy_request(cid)
+        if busy is not None:
+            await self._abort(busy, None)
+        self.book.close(cid)
+        self._drop(cid, None)
+
+    def stop(self) -> None:
+        """The coordinator closes: no budget check may outlive it."""
+        if self._budget_task is not None:
+            self._budget_task.cancel()
+
+    # --- stages ---------------------------------------------------------------------------
+
+    def keeps(self, stage: str) -> bool:
+        return stage in self._keepers
+
+    def on_ready(self, stage: str, keeps: bool) -> None:
+        if keeps:
+            self._keepers.add(stage)
+        else:
+            self._keepers.discard(stage)
+
+    def on_crash(self, stage: str) -> None:
+        if stage in self._keepers:
+            self.book.clear()
+
+    async def enforce_budget(self) -> None:
+        """Evict what every keeping stage holds beyond its budget, on a fresh report of its bytes."""
+        if not self._keepers:
+            return
+        stats = await self._stage_stats()
+        for stage in sorted(self._keepers & set(stats)):
+            for cid, rid in self.book.evictions(stats[stage].conversations, self._budgets[stage]):
+                log.info("conversation %s: kept state evicted (stage %s over budget)", cid, stage)
+                self._drop(cid, rid)
+
+    def _drop(self, cid: str, rid: str | None) -> None:
+        for stage in self._keepers:
+            self._send(stage, DropConversation(cid, rid))
+
+    def _check_budget(self) -> None:
+        """Run ``enforce_budget`` after a turn: one run at a time, again if a turn ended meanwhile."""
+        if self._budget_task is not None and not self._budget_task.done():
+            self._budget_again = True
+            return
+        self._budget_task = asyncio.get_running_loop().create_task(self._budget_loop())
+
+    async def _budget_loop(self) -> None:
+        while True:
+            self._budget_again = False
+            try:
+                await self.enforce_budget()
+            except Exception:  # noqa: BLE001 - a missed check is retried after the next turn
+                log.exception("conversation budget check failed")
+            if not self._budget_again:
+                return

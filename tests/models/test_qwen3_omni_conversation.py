@@ -1,0 +1,234 @@
+"""Kept conversation state on the tiny Qwen3-Omni preset, greedy, against transformers itself.
+
+A conversation's turn answered from the thinker's kept state (only the new user turn is
+preprocessed, encoded and prefilled) must give exactly the thinker tokens and every talker codebook
+that ``generate`` gives for a fresh request over the whole history, token for token: the history's
+ids are the kept ones (each earlier prompt, its answer as generated, ``<|im_end|>\\n``), which is
+what the chat template renders for that history. Also: after a barge-in cut, the next turn equals a
+fresh request over the cut history; an abort leaves the state as before; through the coordinator,
+eviction and rebuild answer as keeping does, and closing frees everything (gauges back to 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import REGISTRY
+
+from harness.speech import speech
+from pipeline.models.qwen3_omni.reference import ReferenceOutput, reference_generate
+from pipeline.proto import OmniRequest, StagePayload
+from pipeline.scheduling.base import BatchItem
+from pipeline.scheduling.conversation_book import ConversationBook
+from tests.models.cases import talker_cap, user
+from tests.models.conftest import tiny_config
+from tests.models.staged import Result, Staged
+from tests.pipeline.helpers import assert_no_live_state, collect, running
+
+CONFIG = tiny_config()
+TURNS = ["hello there how are you", "tell me about the weather", "and what about tomorrow"]
+
+
+def user_turn(i: int) -> dict[str, Any]:
+    if i == 2:  # a turn with text beside its audio
+        return user(text="Briefly.", audio=speech(TURNS[i]), rate=16000)
+    return user(audio=speech(TURNS[i]), rate=16000)
+
+
+class Conversation:
+    """A conversation driven through the staged runners as the coordinator drives it (the book)."""
+
+    def __init__(self, staged: Staged, cid: str = "conv") -> None:
+        self.staged, self.cid, self.book = staged, cid, ConversationBook()
+        self.pre = staged.runners["preprocessing"]
+        thinker = staged.runners["thinker"]
+        self.im_end, self.newline = thinker.im_end, thinker.newline
+        self.messages: list[dict[str, Any]] = []
+        self.ids: list[int] = []
+        """The history's token ids as a fresh request renders it (the reference's input)."""
+        self._n = 0
+
+    def ask(self, message: dict[str, Any]) -> tuple[str, Result]:
+        rid = f"{self.cid}-{self._n}"
+        self._n += 1
+        self.messages.append(message)
+        request = OmniRequest(rid, {"messages": list(self.messages)}, {"conversation_id": self.cid})
+        request = self.book.begin(request)
+        self.staged.submit(request)
+        result = self.staged.run()[rid]
+        self.book.end(rid, "done", None)
+        return rid, result
+
+    def prompt_ids(self) -> list[int]:
+        """The fresh-request ids of the history up to and including the last user turn."""
+        new = self.pre.run([BatchItem(StagePayload("x", {"messages": self.messages[-1:]}), True)])
+        return self.ids + new[0]["input_ids"].tolist()
+
+    def answered(self, tokens: list[int]) -> None:
+        """The answer (as kept) joins the history."""
+        self.ids = self.prompt_ids() + tokens + ([] if tokens[-1:] == [self.im_end] else [self.im_end])
+        self.ids += self.newline
+        self.messages.append({"role": "assistant", "text": ""})
+
+    def reference(self, model: Any) -> ReferenceOutput:
+        """``generate`` on a fresh request over the whole history (audio features of every clip)."""
+        clips = [m for m in self.messages if m["role"] == "user"]
+        prepared = self.pre.run([BatchItem(StagePayload("x", {"messages": clips}), True)])[0]
+        prepared["input_ids"] = torch.tensor(self.prompt_ids())
+        return reference_generate(model, prepared, CONFIG.stage("thinker").max_new_tokens, talker_cap(CONFIG))
+
+
+def assert_same(result: Result, ref: ReferenceOutput) -> None:
+    assert result.error is None
+    assert result.token_ids == ref.tokens
+    codes = torch.stack(result.frames, dim=-1)
+    assert codes.shape == ref.codes.shape
+    assert torch.equal(codes, ref.codes)
+
+
+@pytest.fixture(scope="module")
+def staged() -> Staged:
+    return Staged(CONFIG)
+
+
+def test_kept_turns_equal_fresh_requests(staged: Staged, reference_model) -> None:
+    conv = Conversation(staged, "kept")
+    prefilled: list[int] = []
+    thinker = staged.runners["thinker"]
+    prefill = thinker._prefill
+
+    def recording(slot):  # how many tokens each prefill ran over
+        prefilled.append(slot.state.input_ids.numel())
+        return prefill(slot)
+
+    thinker._prefill = recording
+    try:
+        for i in range(3):
+            _, result = conv.ask(user_turn(i))
+            assert_same(result, conv.reference(reference_model))
+            conv.answered(result.token_ids)
+    finally:
+        del thinker._prefill
+    # Turns 2 and 3 prefilled only what was new, not the history before it.
+    assert prefilled[1] < len(conv.ids) // 2 and prefilled[2] < len(conv.ids) // 2
+    assert staged.schedulers["thinker"].conversation_sizes().keys() == {"kept"}
+    staged.schedulers["thinker"].drop_conversation("kept", None)
+    assert staged.schedulers["thinker"].conversation_sizes() == {}
+
+
+def test_barge_in_cut_then_abort_then_next_turn(staged: Staged, reference_model) -> None:
+    conv = Conversation(staged, "cut")
+    thinker = staged.schedulers["thinker"]
+    rid, first = conv.ask(user_turn(0))
+    # A barge-in after the request ended: the user heard the audio of 5 answer tokens.
+    assert 5 < len(first.token_ids)
+    thinker.abort_conversation(rid, conv.cid, 5)
+    conv.answered(first.token_ids[:5])
+    size = thinker.conversation_sizes()[conv.cid]
+    # A turn aborted mid-answer (no cut): the kept state is what it was before it.
+    conv.messages.append(user_turn(1))
+    request = conv.book.begin(
+        OmniRequest("cut-aborted", {"messages": list(conv.messages)}, {"conversation_id": conv.cid})
+    )
+    staged.submit(request)
+    for _ in range(4):
+        staged.step()
+    staged.abort("cut-aborted")
+    thinker.abort_conversation("cut-aborted", conv.cid, None)
+    conv.book.end("cut-aborted", "aborted", None)
+    conv.messages.pop()
+    assert thinker.conversation_sizes() == {conv.cid: size}
+    assert thinker.live_requests() == 0
+    _, second = conv.ask(user_turn(1))
+    assert_same(second, conv.reference(reference_model))
+    thinker.drop_conversation(conv.cid, None)
+
+
+def test_talker_chunks_say_what_they_voiced(staged: Staged) -> None:
+    audio_rid = "voiced-audio"
+    seen: list[int] = []
+    route = staged._route
+
+    def spy(name, out):
+        if name == "code2wav" and getattr(out, "data", None):
+            seen.append(out.data["answer_tokens"])
+        route(name, out)
+
+    staged._route = spy
+    try:
+        staged.submit(OmniRequest(audio_rid, {"messages": [user_turn(0)]}))
+        result = staged.run()[audio_rid]
+    finally:
+        del staged._route
+    # The talker reads one text token per frame, ahead of the speech: by the last chunk it has
+    # read the whole answer (the last token as its end marker).
+    assert seen == sorted(seen) and seen[0] >= 1
+    assert seen[-1] == len(result.token_ids)
+
+
+# --- through the coordinator: eviction, rebuild, close -----------------------------------------
+
+
+def gauge(name: str, stage: str) -> float:
+    return REGISTRY.get_sample_value(name, {"stage": stage}) or 0.0
+
+
+class Talk:
+    """A session's side of one conversation through the coordinator. Each answer is cut at once
+    (a barge-in before any audio: the user heard nothing), so the history's assistant turns are
+    empty and a rebuild from the history renders exactly the tokens that were kept."""
+
+    def __init__(self, coordinator: Any, cid: str) -> None:
+        self.coordinator, self.cid = coordinator, cid
+        self.messages: list[dict[str, Any]] = []
+
+    async def turn(self, i: int) -> tuple[list[int], np.ndarray]:
+        self.messages.append(user_turn(i))
+        rid = f"{self.cid}-{len(self.messages)}"
+        request = OmniRequest(rid, {"messages": list(self.messages)}, {"conversation_id": self.cid})
+        outcome = await collect(self.coordinator, request, timeout=60)
+        await self.coordinator.abort(rid, keep_answer_tokens=0)
+        self.messages.append({"role": "assistant", "text": ""})
+        return [t for c in outcome.chunks for t in c.data.get("token_ids", [])], outcome.audio
+
+
+@pytest.mark.parametrize("mode", ["inproc", "process"])
+async def test_eviction_rebuild_and_close_through_the_coordinator(mode: str) -> None:
+    # Kept state here: ~51 kB after one turn, ~107 kB after two. This budget holds a conversation
+    # of two turns, but not that and another one's first turn.
+    config = tiny_config(thinker={"conversation_state": {"max_bytes": 140_000}})
+    async with running(config, mode) as coordinator:
+        book = coordinator.conversations.book
+        evicted = Talk(coordinator, "e")
+        answers = [await evicted.turn(0), await evicted.turn(1)]
+        stats = await coordinator.stage_stats()
+        assert set(stats["thinker"].conversations) == {"e"}
+        assert gauge("pipeline_conversations_kept", "thinker") == 1
+        assert gauge("pipeline_conversation_state_bytes", "thinker") > 0
+        # Conversation b's turn pushes the total over budget: e (least recently used) is evicted.
+        await Talk(coordinator, "b").turn(0)
+        await coordinator.conversations.enforce_budget()
+        stats = await coordinator.stage_stats()
+        assert set(stats["thinker"].conversations) == {"b"}
+        # e's next turn is rebuilt from its history (a full prefill).
+        answers.append(await evicted.turn(2))
+        assert not book._records["e"].resumed
+        for cid in ("e", "b"):
+            await coordinator.close_conversation(cid)
+        # The same conversation kept all along: its third turn continues the kept state.
+        kept = Talk(coordinator, "k")
+        kept_answers = [await kept.turn(0), await kept.turn(1), await kept.turn(2)]
+        assert book._records["k"].resumed
+        for (tokens, audio), (tokens2, audio2) in zip(kept_answers, answers, strict=True):
+            assert tokens == tokens2
+            assert np.array_equal(audio, audio2)
+        await coordinator.close_conversation("k")
+        stats = await coordinator.stage_stats()
+        assert_no_live_state(stats)
+        assert all(not s.conversations for s in stats.values())
+        assert gauge("pipeline_conversations_kept", "thinker") == 0
+        assert gauge("pipeline_conversation_state_bytes", "thinker") == 0
+        assert gauge("pipeline_stage_live_requests", "thinker") == 0
