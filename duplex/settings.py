@@ -38,6 +38,9 @@ class SessionDefaults(BaseModel):
     inbound_media_timeout_s: float = Field(default=10.0, gt=0)
     max_input_audio_s: float = Field(default=120.0, gt=0)
     max_output_tokens: int | None = Field(default=None, ge=1)
+    # The model keeps each conversation's state between turns (the pipeline's conversation_id), so
+    # a turn computes only what is new; for presets whose model offers it (qwen3_omni).
+    keep_model_state: bool = False
     # Client voice names (OpenAI's) → the preset's voices; the preset file's top-level
     # ``voice_map`` (see ServerSettings), every OpenAI voice it leaves out speaking as its first voice.
     voice_map: dict[str, str] = Field(default_factory=dict)

@@ -25,29 +25,20 @@ import traceback
 from pathlib import Path
 from typing import Literal
 
+from pipeline.assembly import LOG_FORMAT, build_stage
 from pipeline.config import PipelineConfig, StageConfig
 from pipeline.coordinator import Coordinator, PipelineError
-from pipeline.models import ModelSpec, StageContext, resolve
+from pipeline.models import ModelSpec, resolve
 from pipeline.proto import COORDINATOR, StageCrashed
-from pipeline.scheduling import build_scheduler
 from pipeline.stage import Stage
 from pipeline.supervisor import ProcessSupervisor
-from pipeline.transport.base import Endpoint
 from pipeline.transport.inproc import InprocHub
 from pipeline.transport.zmq_ipc import ZmqEndpoint
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["inproc", "process"]
-LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 _JOIN_TIMEOUT_S = 10.0
-
-
-def build_stage(config: PipelineConfig, spec: ModelSpec, stage: StageConfig, endpoint: Endpoint) -> Stage:
-    """The Stage of ``stage`` with its model runner and scheduler, talking through ``endpoint``."""
-    runner = spec.factories[stage.runner](StageContext(stage, config.model_args))
-    merge = spec.merges[stage.merge] if stage.merge else None
-    return Stage(stage, build_scheduler(stage, runner), endpoint, merge)
 
 
 async def start_pipeline(

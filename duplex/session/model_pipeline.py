@@ -25,5 +25,10 @@ class ModelPipeline(Protocol):
         """Submit ``request`` and yield its output chunks; raises ``PipelineError`` (a stage failed
         it) or ``PipelineOverloaded``; leaving early aborts the request."""
 
-    async def abort(self, request_id: str) -> None:
-        """Abort ``request_id`` and return once every stage released it. Idempotent."""
+    async def abort(self, request_id: str, keep_answer_tokens: int | None = None) -> None:
+        """Abort ``request_id`` and return once every stage released it. Idempotent. With
+        ``keep_answer_tokens`` (a barge-in), the conversation's kept state keeps that many tokens
+        of the answer; otherwise it goes back to before the request."""
+
+    async def close_conversation(self, conversation_id: str) -> None:
+        """Forget the state kept for ``conversation_id`` (``params["conversation_id"]``)."""

@@ -119,6 +119,8 @@ class Response:
         self.cancel_reason: str | None = None
         self.generation_done = False
         self._cancelled = asyncio.Event()
+        # (end of the audio so far in ms, answer tokens voiced by then), per audio chunk that says
+        self._voiced_tokens: list[tuple[int, int]] = []
         self.log = logging.LoggerAdapter(log, {**log_extra, "request_id": self.request_id})
         if self.speaks:
             host.audio.begin(self.id, item.id, spec.output_format)
@@ -128,13 +130,25 @@ class Response:
     def audio_ms(self) -> int:
         return self.audio_samples * 1000 // self.audio_rate
 
-    async def cancel(self, reason: str) -> None:
-        """Abort the pipeline request (acknowledged by every stage) and wait for response.done."""
+    async def cancel(self, reason: str, heard_ms: int | None = None) -> None:
+        """Abort the pipeline request (acknowledged by every stage) and wait for response.done.
+
+        ``heard_ms``: the user heard that much of the answer (a barge-in); a model that keeps the
+        conversation's state keeps the answer tokens voiced by then, and forgets the rest.
+        """
         if self.cancel_reason is None:
             self.cancel_reason = reason
             self._cancelled.set()
-            await self.host.pipeline.abort(self.request_id)
+            await self.host.pipeline.abort(self.request_id, keep_answer_tokens=self._tokens_heard(heard_ms))
         await asyncio.shield(self._task)
+
+    def _tokens_heard(self, heard_ms: int | None) -> int | None:
+        """The answer tokens voiced by the audio chunk being heard at ``heard_ms`` (the model says
+        how many each chunk voiced, counting from the answer's start), if it says so."""
+        if heard_ms is None or not self._voiced_tokens:
+            return None
+        return next((tokens for end_ms, tokens in self._voiced_tokens if end_ms >= heard_ms),
+                    self._voiced_tokens[-1][1])
 
     async def _run(self, request: OmniRequest, previous: str | None) -> None:
         self.log.info("response %s: request %s", self.id, self.request_id)
@@ -190,6 +204,8 @@ class Response:
         if self.speaks and audio is not None and len(audio):
             self._on_audio(np.asarray(audio, dtype=np.float32), data["sample_rate"],
                            data.get("spoken_text"))
+            if data.get("answer_tokens") is not None:
+                self._voiced_tokens.append((self.audio_ms, int(data["answer_tokens"])))
 
     def _send_part_event(self, kind: str, **fields: Any) -> None:
         self.host.send(event(kind, response_id=self.id, item_id=self.item.id,

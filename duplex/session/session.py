@@ -90,6 +90,11 @@ class Session:
         self.log = logging.LoggerAdapter(log, {"session_id": session_id})
         self._detector = TurnDetector(self.config.turn_detection, self._max_turn_ms)
         self._judge = SemanticTurnJudge()
+        # The model's kept state of this conversation (``keep_model_state``): its id, and what the
+        # last request's messages were (role, text, audio identity), to tell a continuation.
+        self._kept_conversation: str | None = None
+        self._kept_keys: list[tuple[Any, ...]] = []
+        self._background: set[asyncio.Task[None]] = set()
         self._manual_buffer: list[np.ndarray] = []
         self._manual_samples = 0
         self._decoder = InboundDecoder(self.config.input_format)
@@ -124,6 +129,8 @@ class Session:
             await self.cancel_response("session_closed")
         self._detector.reset()
         self._judge.forget()
+        self._forget_model_conversation()
+        await asyncio.gather(*self._background, return_exceptions=True)
         self.history.clear()
         self._manual_buffer.clear()
         self.log.info("session %s closed", self.id)
@@ -284,7 +291,7 @@ class Session:
         cancelling = self.barge_in
         assert isinstance(cancelling, Cancelling)
         try:
-            await cancelling.response.cancel(reason)
+            await cancelling.response.cancel(reason, cancelling.heard_ms)
             if cancelling.heard_ms is not None:
                 self.truncate(cancelling.response.item, cancelling.heard_ms)
         finally:
@@ -403,13 +410,43 @@ class Session:
             source = History(self.defaults.max_input_audio_s)
             for given in input_items:
                 source.add(given)
-        request = OmniRequest(new_id("req"), {"messages": source.messages(spec.instructions)}, params)
+        messages = source.messages(spec.instructions)
+        if input_items is None and not spec.out_of_band:
+            kept = self._model_conversation(messages)
+            if kept is not None:
+                params["conversation_id"] = kept
+        request = OmniRequest(new_id("req"), {"messages": messages}, params)
         item = Item(new_id("item"), "assistant", speaks=spec.speaks)
         # Added now, so that turns committed meanwhile come after it.
         previous = None if spec.out_of_band else self.add_item(item)
         conversation = None if spec.out_of_band else f"conv_{self.id}"
         self._response = Response(self, request, item, previous, spec, conversation, turn_end_at,
                                   {"session_id": self.id})
+
+    def _model_conversation(self, messages: list[dict[str, Any]]) -> str | None:
+        """The conversation whose kept model state this request continues, or None.
+
+        The state covers the previous request's messages plus its answer; a request continues it
+        only if its messages begin with those (anything else — an edit, a deletion, new
+        instructions, old audio leaving the budget, an answer that never came — starts afresh).
+        """
+        if not self.defaults.keep_model_state:
+            return None
+        keys = [(m["role"], m["text"], None if m["audio"] is None else id(m["audio"])) for m in messages]
+        previous, self._kept_keys = self._kept_keys, keys
+        continues = (self._kept_conversation is not None and keys[: len(previous)] == previous
+                     and len(keys) > len(previous) and keys[len(previous)][0] == "assistant")
+        if not continues:
+            self._forget_model_conversation()
+            self._kept_conversation = new_id("conv")
+        return self._kept_conversation
+
+    def _forget_model_conversation(self) -> None:
+        conversation, self._kept_conversation = self._kept_conversation, None
+        if conversation is not None:
+            task = asyncio.get_running_loop().create_task(self.pipeline.close_conversation(conversation))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def cancel_response(self, reason: str) -> bool:
         """Cancel the response in flight (if any) and wait until its response.done went out."""

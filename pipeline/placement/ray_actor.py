@@ -26,10 +26,10 @@ from typing import Any
 
 import ray
 
+from pipeline.assembly import LOG_FORMAT, build_stage
 from pipeline.config import PipelineConfig
 from pipeline.models import resolve
 from pipeline.proto import StageCrashed
-from pipeline.runner import LOG_FORMAT, build_stage
 from pipeline.stage import Stage
 from pipeline.transport.ray_endpoint import StageEndpoint
 

@@ -39,6 +39,8 @@ class ScriptedPipeline:
     def __init__(self) -> None:
         self.requests: list[OmniRequest] = []
         self.aborted: list[str] = []
+        self.kept_on_abort: list[int | None] = []
+        self.closed_conversations: list[str] = []
         self._queues: dict[str, asyncio.Queue[OutputChunk | Exception | None]] = {}
         self.started = asyncio.Event()
 
@@ -55,11 +57,15 @@ class ScriptedPipeline:
                 raise item
             yield item
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, request_id: str, keep_answer_tokens: int | None = None) -> None:
         self.aborted.append(request_id)
+        self.kept_on_abort.append(keep_answer_tokens)
         queue = self._queues.get(request_id)
         if queue is not None:
             queue.put_nowait(None)
+
+    async def close_conversation(self, conversation_id: str) -> None:
+        self.closed_conversations.append(conversation_id)
 
     def push(self, **data: Any) -> None:
         rid = self.requests[-1].request_id
@@ -77,12 +83,12 @@ class Host:
 
     kind = "webrtc"
 
-    def __init__(self, pipeline: ScriptedPipeline) -> None:
+    def __init__(self, pipeline: ScriptedPipeline, **defaults: Any) -> None:
         self.clock = 0.0
         self.events: list[dict[str, Any]] = []
         self.track = OutboundAudioTrack(clock=lambda: self.clock)
         self.session = Session("sess_scripted", self, PacedPlayout(self.track), pipeline,
-                               SessionDefaults(), ["default"], "scripted")
+                               SessionDefaults(**defaults), ["default"], "scripted")
         self.binding = SessionBinding(self.session, SessionRegistry(4), self._close)
         self.binding.admit()
         self.binding.start()
@@ -141,9 +147,9 @@ async def test_a_turn_ending_during_the_cancel_is_answered_after_the_truncation(
     release = asyncio.Event()
     real_abort = pipeline.abort
 
-    async def slow_abort(request_id: str) -> None:
+    async def slow_abort(request_id: str, keep_answer_tokens: int | None = None) -> None:
         await release.wait()
-        await real_abort(request_id)
+        await real_abort(request_id, keep_answer_tokens)
 
     pipeline.abort = slow_abort  # type: ignore[method-assign]
     await host.feed(speech("And of Spain?", 16000, 0.0, 0.0))
@@ -259,3 +265,34 @@ async def test_where_the_client_plays_the_audio_onset_cancels_at_once() -> None:
     assert host.of("response.done")[0]["response"]["status"] == "cancelled"
     assert pipeline.aborted == [pipeline.requests[0].request_id]
     await host.binding.end("test over")
+
+
+async def test_kept_model_state_follows_the_conversation_and_is_cut_to_what_was_heard() -> None:
+    """keep_model_state: turns that extend the history continue one conversation; a barge-in
+    keeps the answer tokens voiced by the audio being heard; an edit starts a new conversation."""
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline, keep_model_state=True)
+    await ask(host, pipeline)
+    first = pipeline.requests[0].params["conversation_id"]
+    for tokens in (4, 9, 15):  # one second of audio each, voicing 4, then 9, then 15 tokens
+        pipeline.push(text="word " * 5)
+        pipeline.push(audio=tone(1.0), sample_rate=RATE, answer_tokens=tokens)
+    await host.until(lambda: host.track.queued_seconds >= 2.9)
+    await host.silence(75)  # 1.5 s heard: inside the second chunk
+    await host.feed(speech("Wait a moment.", 16000, 0.0, 0.0))
+    await host.silence(30)
+    await host.until(lambda: len(pipeline.requests) == 2)
+    assert pipeline.kept_on_abort == [9]
+    assert pipeline.requests[1].params["conversation_id"] == first  # continued after the cut
+    pipeline.end()
+    await host.until(lambda: host.session.response is None)
+    # Deleting an earlier item is an edit the kept state cannot follow: a new conversation.
+    host.session.delete_item(host.session.history.items[0].id)
+    await host.feed(speech("And now?", 16000, 0.3, 0.0))
+    await host.silence(30)
+    await host.until(lambda: len(pipeline.requests) == 3)
+    assert pipeline.requests[2].params["conversation_id"] != first
+    await host.until(lambda: pipeline.closed_conversations == [first])
+    pipeline.end()
+    await host.binding.end("test over")
+    assert len(pipeline.closed_conversations) == 2  # the session's end frees the last one

@@ -4,7 +4,7 @@ WebRTC call with speech-level audio, and a barge-in clears every stage."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -52,6 +52,9 @@ async def test_tiny_qwen_answers_and_is_interrupted(server: ServerProcess) -> No
     await call.wait_event("output_audio_buffer.stopped")
     start = next(t for t, s, _ in call.peer.frames if np.abs(s).max() > 0.02)
     assert call.energy_between(start, start + 1.0) > 0.01  # speech-level, not 1e-7 silence
+    # The thinker keeps the conversation's state for the next turn (the preset's keep_model_state).
+    await eventually(lambda: server.metric("pipeline_conversations_kept", {"stage": "thinker"}) == 1)
+    assert server.metric("pipeline_conversation_state_bytes", {"stage": "thinker"}) > 0
     # Second turn, a long answer, interrupted while the agent speaks and every stage is at work.
     set_answer_tokens(call, 2000)
     await call.wait_event("session.updated", count=2)
@@ -72,3 +75,12 @@ async def test_tiny_qwen_answers_and_is_interrupted(server: ServerProcess) -> No
     assert audible_seconds(call, since=now + 0.2) == 0.0
     await hang_up(server, call)
     await wait_stages_idle(server, STAGES)
+    # The session's end freed the conversation's kept state.
+    await eventually(lambda: server.metric("pipeline_conversations_kept", {"stage": "thinker"}) == 0)
+    assert server.metric("pipeline_conversation_state_bytes", {"stage": "thinker"}) == 0
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.25)  # gauges of another process, reported periodically
