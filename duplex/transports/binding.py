@@ -69,6 +69,15 @@ class SessionBinding:
             self._last_audio = time.monotonic()
             self._tasks.append(loop.create_task(self._watch_inbound(self._timeout_s)))
 
+    async def ended_within(self, grace_s: float, connection: asyncio.Task[Any] | None) -> None:
+        """Wait up to ``grace_s`` for the end, then cancel ``connection`` (the task serving the
+        transport): for transports whose peer must answer a close first and may never do."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.ended.wait()), grace_s)
+        except TimeoutError:
+            if connection is not None:
+                connection.cancel()
+
     async def close(self, reason: str = "closed by the server") -> None:
         """End the connection from the server side and wait until everything is released."""
         await self._close_transport(reason)

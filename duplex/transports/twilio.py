@@ -91,12 +91,8 @@ class TwilioConnection:
             await self.binding.end(f"twilio {reason}")
 
     async def _close(self, reason: str) -> None:
-        self._outbox.put_nowait(None)
-        try:
-            await asyncio.wait_for(asyncio.shield(self.binding.ended.wait()), SHUTDOWN_GRACE_S)
-        except TimeoutError:
-            if self._task is not None:
-                self._task.cancel()
+        self._outbox.put_nowait(None)  # the writer closes the socket after what is queued
+        await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
     # --- SessionTransport --------------------------------------------------------------------
 

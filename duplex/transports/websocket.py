@@ -86,12 +86,7 @@ class WebSocketConnection:
     async def _close(self, reason: str) -> None:
         """End the connection from the server (shutdown): close frame, then wait for ``run``."""
         self._outbox.put_nowait(_Close(CLOSE_GOING_AWAY, "server shutting down"))
-        try:
-            await asyncio.wait_for(asyncio.shield(self.binding.ended.wait()), SHUTDOWN_GRACE_S)
-        except TimeoutError:
-            # The client never answered the close frame: stop waiting for it.
-            if self._task is not None:
-                self._task.cancel()
+        await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
     # --- SessionTransport --------------------------------------------------------------------
 

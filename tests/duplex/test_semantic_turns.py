@@ -4,12 +4,10 @@ maximum wait ends a turn the model doubts. The toy pipeline answers (in-process)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from duplex.media.paced_track import OutboundAudioTrack
 from duplex.media.playout import PacedPlayout
@@ -18,20 +16,10 @@ from duplex.settings import SessionDefaults
 from duplex.turns.config import TurnDetection
 from duplex.turns.semantic_policy import MAX_WAIT_MS, Eagerness
 from harness.speech import speech, speech_with_pauses
-from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
-from pipeline.runner import start_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = 320  # 20 ms at 16 kHz
-
-
-@pytest.fixture(scope="module")
-async def pipeline() -> AsyncIterator[Coordinator]:
-    config = parse_pipeline_config(read_yaml(ROOT / "configs" / "toy.yaml")["pipeline"])
-    coordinator = await start_pipeline(config, mode="inproc")
-    yield coordinator
-    await coordinator.close()
 
 
 class Caller:

@@ -8,12 +8,11 @@ Each step feeds 20 ms of microphone audio and then plays one 20 ms outbound fram
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from prometheus_client import REGISTRY
 
 from duplex.media.paced_track import OutboundAudioTrack
@@ -22,22 +21,12 @@ from duplex.session.client_events import ClientEvents
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from harness.speech import speech
-from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
-from pipeline.runner import start_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = 320  # 20 ms at 16 kHz
 QUESTION = "Hello there. Could you tell me what the weather will be like tomorrow?"
 TIMEOUT = 20.0
-
-
-@pytest.fixture(scope="module")
-async def pipeline() -> AsyncIterator[Coordinator]:
-    config = parse_pipeline_config(read_yaml(ROOT / "configs" / "toy.yaml")["pipeline"])
-    coordinator = await start_pipeline(config, mode="inproc")
-    yield coordinator
-    await coordinator.close()
 
 
 class Harness:
