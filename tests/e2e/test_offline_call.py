@@ -11,7 +11,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from harness.calls import Call, audible_seconds, hang_up, open_call, wait_stages_busy, wait_stages_idle
+from harness.calls import (
+    Call,
+    audible_seconds,
+    hang_up,
+    open_call,
+    wait_stages_idle,
+)
 from harness.server import ServerProcess, run_server, write_preset
 from harness.speech import natural_speech
 from harness.wer import wer
@@ -62,19 +68,20 @@ async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent
         await call.wait_event("output_audio_buffer.stopped", turn)
         heard = await asyncio.to_thread(listener.transcribe, agent_audio(call, start), 48000)
         assert wer(said, heard) <= 0.35, (said, heard)
-    # A long answer, interrupted while the language model and the synthesis are still at work.
+    # A long answer, interrupted soon after it starts: the language model writes it for ~3 s and
+    # the synthesis follows, so the abort finds the request still in flight (the abort-to-clear
+    # histogram counts only aborts of requests in flight, acknowledged by every stage).
     aborts = server.metric("pipeline_abort_clear_seconds_count")
     heard_before = audible_seconds(call)
     call.mic.say(natural_speech("Please tell me a long story about a brave knight and a dragon.",
                                 48000, 0.3, 0.0))
     await call.wait_event("output_audio_buffer.started", 3)
-    await call.peer.wait_for(lambda: audible_seconds(call) >= heard_before + 1.2)
-    await wait_stages_busy(server, ["lm", "tts"])
+    await call.peer.wait_for(lambda: audible_seconds(call) >= heard_before + 0.3)
     call.mic.say(natural_speech("Stop, that is enough, thank you.", 48000, 0.0, 0.0))
     cancelled = await call.wait_event("response.done", 3)
     assert cancelled["response"]["status"] == "cancelled"
     truncated = await call.wait_event("conversation.item.truncated")
-    assert truncated["audio_end_ms"] >= 1000
+    assert truncated["audio_end_ms"] >= 300
     assert server.metric("pipeline_abort_clear_seconds_count") >= aborts + 1
     now = loop.time()
     await call.peer.wait_for(lambda: any(t >= now + 1.0 for t, _, _ in call.peer.frames))
