@@ -183,6 +183,11 @@ async def run(requests: int, aborts: int) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
+    return format_table(["mode", "measure", "p50 ms", "p99 ms"], chain_rows(results))
+
+
+def chain_rows(results: dict[str, Any]) -> list[list[Any]]:
+    """Table rows of the ``chain`` (hops, end to end) and ``abort`` results, per mode."""
     rows: list[list[Any]] = []
     for mode, chain in results["chain"].items():
         for payload, data in chain.items():
@@ -194,7 +199,7 @@ def table(results: dict[str, Any]) -> str:
     for mode, cases in results["abort"].items():
         for label, s in cases.items():
             rows.append([mode, f"abort -> all stages clear ({label})", s["p50"], s["p99"]])
-    return format_table(["mode", "measure", "p50 ms", "p99 ms"], rows)
+    return rows
 
 
 def plot(results: dict[str, Any], path: Path) -> None:

@@ -45,6 +45,7 @@ from evaluation.pipeline_overhead import (
     _abort_at_first_audio,
     _abort_idle_id,
     _timed_chain_request,
+    chain_rows,
     measure_aborts,
     measure_chain,
     toy_preset,
@@ -195,16 +196,7 @@ def table(results: dict[str, Any]) -> str:
     for size, ways in results["transport"].items():
         for how, s in ways.items():
             rows.append(["transport", f"front end -> actor round trip, {size}, {how}", s["p50"], s["p99"]])
-    for mode, chain in results["chain"].items():
-        for payload, data in chain.items():
-            for hop, s in data.get("hops", {}).items():
-                rows.append([mode, f"hop {hop} ({payload})", s["p50"], s["p99"]])
-            s = data["end_to_end"]
-            rate = f", {data['requests_per_s']} req/s" if "requests_per_s" in data else ""
-            rows.append([mode, f"5-stage chain end to end ({payload}{rate})", s["p50"], s["p99"]])
-    for mode, cases in results["abort"].items():
-        for label, s in cases.items():
-            rows.append([mode, f"abort -> all stages clear ({label})", s["p50"], s["p99"]])
+    rows += chain_rows(results)
     for label, data in results["front_ends"].items():
         s = data["end_to_end"]
         measure = f"chain, {data['clients']} clients over {label}: {data['requests_per_s']} req/s"
