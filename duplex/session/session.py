@@ -51,7 +51,9 @@ from duplex.protocol.session_update import session_object
 from duplex.protocol.wire_audio import InboundDecoder
 from duplex.session.config import SessionConfig
 from duplex.session.history import History, Item
+from duplex.session.input_buffer import InputBuffer
 from duplex.session.model_pipeline import ModelPipeline
+from duplex.session.model_state import KeptModelState
 from duplex.session.response import Response
 from duplex.session.states import BargeIn, Cancelling, PendingInterruption, SessionTransport, State
 from duplex.settings import SessionDefaults
@@ -90,13 +92,8 @@ class Session:
         self.log = logging.LoggerAdapter(log, {"session_id": session_id})
         self._detector = TurnDetector(self.config.turn_detection, self._max_turn_ms)
         self._judge = SemanticTurnJudge()
-        # The model's kept state of this conversation (``keep_model_state``): its id, and what the
-        # last request's messages were (role, text, audio identity), to tell a continuation.
-        self._kept_conversation: str | None = None
-        self._kept_keys: list[tuple[Any, ...]] = []
-        self._background: set[asyncio.Task[None]] = set()
-        self._manual_buffer: list[np.ndarray] = []
-        self._manual_samples = 0
+        self._model_state = KeptModelState(pipeline, defaults.keep_model_state)
+        self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
         self._decoder = InboundDecoder(self.config.input_format)
         self._response: Response | None = None
         self._user_item_id: str | None = None
@@ -129,10 +126,9 @@ class Session:
             await self.cancel_response("session_closed")
         self._detector.reset()
         self._judge.forget()
-        self._forget_model_conversation()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._model_state.close()
         self.history.clear()
-        self._manual_buffer.clear()
+        self._input.clear()
         self.log.info("session %s closed", self.id)
 
     def send(self, message: dict[str, Any]) -> None:
@@ -160,7 +156,7 @@ class Session:
         self._received += len(samples)
         self._arrivals.append((self._received, received_at))
         if self.config.turn_detection is None:
-            self._append_manual(samples)
+            self._input.append(samples)
             return
         # One VAD window at a time: an interruption is confirmed (or dismissed) at the window where
         # it happens, even when a client sends a whole utterance in one chunk.
@@ -202,16 +198,6 @@ class Session:
     def decode_wire_audio(self, b64: str) -> np.ndarray:
         """Audio of a client event in the session's input format, at 16 kHz (a fresh decoder)."""
         return InboundDecoder(self.config.input_format).decode(b64)
-
-    def _append_manual(self, samples: np.ndarray) -> None:
-        limit = int(self.defaults.max_input_audio_s * SAMPLE_RATE)
-        if self._manual_samples + len(samples) > limit:
-            raise RealtimeError(
-                f"the input audio buffer is full ({self.defaults.max_input_audio_s:.0f} s)",
-                code="input_audio_buffer_full",
-            )
-        self._manual_buffer.append(np.asarray(samples, dtype=np.float32))
-        self._manual_samples += len(samples)
 
     def _echo_guard(self) -> float | None:
         """The raised VAD threshold while the agent's audio is young (audio time, not wall time)."""
@@ -331,11 +317,7 @@ class Session:
     # --- user items -----------------------------------------------------------------------
 
     def commit_manual_buffer(self) -> None:
-        if not self._manual_buffer:
-            raise RealtimeError("the input audio buffer is empty", code="input_audio_buffer_commit_empty")
-        audio = np.concatenate(self._manual_buffer)
-        self.clear_manual_buffer()
-        self.commit_user_audio(new_id("item"), audio)
+        self.commit_user_audio(new_id("item"), self._input.take())
 
     def commit_input(self) -> None:
         """``input_audio_buffer.commit``: the manual buffer, or, under turn detection, the turn the
@@ -351,8 +333,7 @@ class Session:
         self._on_turn_end(stop)
 
     def clear_manual_buffer(self) -> None:
-        self._manual_buffer.clear()
-        self._manual_samples = 0
+        self._input.clear()
         self._detector.discard_turn()
 
     def commit_user_audio(self, item_id: str, audio: np.ndarray) -> None:
@@ -412,7 +393,7 @@ class Session:
                 source.add(given)
         messages = source.messages(spec.instructions)
         if input_items is None and not spec.out_of_band:
-            kept = self._model_conversation(messages)
+            kept = self._model_state.conversation_for(messages)
             if kept is not None:
                 params["conversation_id"] = kept
         request = OmniRequest(new_id("req"), {"messages": messages}, params)
@@ -422,31 +403,6 @@ class Session:
         conversation = None if spec.out_of_band else f"conv_{self.id}"
         self._response = Response(self, request, item, previous, spec, conversation, turn_end_at,
                                   {"session_id": self.id})
-
-    def _model_conversation(self, messages: list[dict[str, Any]]) -> str | None:
-        """The conversation whose kept model state this request continues, or None.
-
-        The state covers the previous request's messages plus its answer; a request continues it
-        only if its messages begin with those (anything else — an edit, a deletion, new
-        instructions, old audio leaving the budget, an answer that never came — starts afresh).
-        """
-        if not self.defaults.keep_model_state:
-            return None
-        keys = [(m["role"], m["text"], None if m["audio"] is None else id(m["audio"])) for m in messages]
-        previous, self._kept_keys = self._kept_keys, keys
-        continues = (self._kept_conversation is not None and keys[: len(previous)] == previous
-                     and len(keys) > len(previous) and keys[len(previous)][0] == "assistant")
-        if not continues:
-            self._forget_model_conversation()
-            self._kept_conversation = new_id("conv")
-        return self._kept_conversation
-
-    def _forget_model_conversation(self) -> None:
-        conversation, self._kept_conversation = self._kept_conversation, None
-        if conversation is not None:
-            task = asyncio.get_running_loop().create_task(self.pipeline.close_conversation(conversation))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
 
     async def cancel_response(self, reason: str) -> bool:
         """Cancel the response in flight (if any) and wait until its response.done went out."""

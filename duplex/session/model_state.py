@@ -1,0 +1,50 @@
+"""The model's kept state of one session's conversation (``keep_model_state``): which pipeline
+conversation a request continues, and freeing it when the session's history stops matching it.
+
+The kept state covers the previous request's messages plus its answer; a request continues it only
+if its messages begin with those (anything else — an edit, a deletion, new instructions, old audio
+leaving the budget, an answer that never came — starts a new conversation and frees the old). A
+KeptModelState belongs to one session; ``close`` frees what the pipeline keeps for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from duplex.protocol.events import new_id
+from duplex.session.model_pipeline import ModelPipeline
+
+
+class KeptModelState:
+    def __init__(self, pipeline: ModelPipeline, enabled: bool) -> None:
+        self._pipeline = pipeline
+        self._enabled = enabled
+        self._conversation: str | None = None
+        self._keys: list[tuple[Any, ...]] = []  # (role, text, audio identity) of the last request
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def conversation_for(self, messages: list[dict[str, Any]]) -> str | None:
+        """The conversation id for a request with ``messages`` (None when state is not kept)."""
+        if not self._enabled:
+            return None
+        keys = [(m["role"], m["text"], None if m["audio"] is None else id(m["audio"])) for m in messages]
+        previous, self._keys = self._keys, keys
+        continues = (self._conversation is not None and keys[: len(previous)] == previous
+                     and len(keys) > len(previous) and keys[len(previous)][0] == "assistant")
+        if not continues:
+            self._forget()
+            self._conversation = new_id("conv")
+        return self._conversation
+
+    def _forget(self) -> None:
+        conversation, self._conversation = self._conversation, None
+        if conversation is not None:
+            task = asyncio.get_running_loop().create_task(self._pipeline.close_conversation(conversation))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """Free what the pipeline keeps (the session ended); returns once it is freed."""
+        self._forget()
+        await asyncio.gather(*self._closing, return_exceptions=True)
