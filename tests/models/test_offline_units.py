@@ -239,3 +239,15 @@ def test_a_hugging_face_folder_serves_with_its_chat_template(
     while not state.job.done() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert state.job.done() and state.steps.qsize() + len(state.ids) < 1000
+
+
+def test_a_transcript_that_loops_on_itself_is_caught() -> None:
+    """Whisper tiny once gave a 2 s question back sixteen times over; such text compresses far
+    better than speech does, which sends the clip to faster-whisper's path with its fallback."""
+    from pipeline.models.offline.asr import MAX_COMPRESSION_RATIO, _compression_ratio
+
+    question = "What is the capital of France?"
+    assert _compression_ratio(question) < MAX_COMPRESSION_RATIO
+    assert _compression_ratio("I would like to order a large pizza with mushrooms and olives.") \
+        < MAX_COMPRESSION_RATIO
+    assert _compression_ratio(" ".join([question] * 16)) > MAX_COMPRESSION_RATIO

@@ -10,6 +10,7 @@ came as text. Stateless: nothing is kept between items (``simple`` scheduler).
 from __future__ import annotations
 
 import logging
+import zlib
 from math import gcd
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,13 @@ WHISPER_RATE = 16000
 FRAMES_PER_SECOND = 100  # Whisper's log-mel hop is 10 ms
 SHORT_WINDOW_MAX_S = 25.0
 MAX_TRANSCRIPT_TOKENS = 224  # Whisper's own cap on a window's text
+# Nobody says more than ~5 tokens a second; a cap tied to the clip's length ends a decoder that
+# loops on its own words (seen: a 2 s question transcribed as itself sixteen times over). A text
+# that compresses better than Whisper's own threshold is such a loop: faster-whisper's full path,
+# with its temperature fallback, decodes the clip again.
+TOKENS_PER_SECOND_CAP = 8
+TOKENS_EXTRA = 8
+MAX_COMPRESSION_RATIO = 2.4
 ROLES = ("system", "user", "assistant")
 
 
@@ -73,6 +81,9 @@ class Transcriber:
             return ""
         if samples.size <= SHORT_WINDOW_MAX_S * WHISPER_RATE:
             return self._transcribe_short(samples)
+        return self._transcribe_full(samples)
+
+    def _transcribe_full(self, samples: np.ndarray) -> str:
         # No VAD filter: on short clips it clipped a leading word. Greedy decoding and no previous
         # text as context: the fastest settings, and exact on clear speech.
         segments, _ = self._model.transcribe(
@@ -97,10 +108,19 @@ class Transcriber:
             ctranslate2.StorageView.from_array(window[None]),
             [self._prompt],
             beam_size=1,
-            max_length=MAX_TRANSCRIPT_TOKENS,
+            max_length=min(MAX_TRANSCRIPT_TOKENS,
+                           int(samples.size / WHISPER_RATE * TOKENS_PER_SECOND_CAP) + TOKENS_EXTRA),
         )
         tokens = [t for t in result.sequences_ids[0] if t < self._tokenizer.eot]
-        return self._tokenizer.decode(tokens).strip()
+        text = self._tokenizer.decode(tokens).strip()
+        if _compression_ratio(text) > MAX_COMPRESSION_RATIO:
+            return self._transcribe_full(samples)
+        return text
+
+
+def _compression_ratio(text: str) -> float:
+    data = text.encode()
+    return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
 class Recognizer:
