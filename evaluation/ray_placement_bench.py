@@ -31,7 +31,6 @@ from typing import Any
 import matplotlib
 import numpy as np
 import ray
-from ray.cluster_utils import Cluster
 
 from evaluation.bench_common import (
     format_table,
@@ -50,6 +49,7 @@ from evaluation.pipeline_overhead import (
     measure_chain,
     toy_preset,
 )
+from harness.ray_cluster import local_cluster
 from pipeline.config import PipelineConfig, parse_pipeline_config
 from pipeline.models.toy.graphs import relay_chain
 from pipeline.placement.ray_supervisor import remove_stages
@@ -59,8 +59,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
 NAMESPACE = "duplex-bench"
-WORKER = {"num_cpus": 4, "object_store_memory": 200 * 2**20, "node_ip_address": "127.0.0.1"}
-HEAD = {**WORKER, "num_cpus": 0, "include_dashboard": False}
 SIZES = {"1 KiB": 2**10, "16 KiB": 2**14, "256 KiB": 2**18, "4 MiB": 2**22}
 CLIENTS = 16
 
@@ -242,17 +240,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="throughput run per case")
     args = parser.parse_args()
     run_in_loopback_namespace("evaluation.ray_placement_bench")
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    cluster = Cluster(initialize_head=True, head_node_args=HEAD)
-    for _ in range(2):
-        cluster.add_node(**WORKER)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
-    try:
+    with local_cluster(NAMESPACE, cpus_per_worker=4, object_store_mib=200) as cluster:
         results = asyncio.run(run(args.requests, args.aborts, args.seconds, cluster.address))
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     results["machine"] = machine()
     print(table(results))
     save_results("ray_placement_bench", results, plot)

@@ -20,6 +20,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster
 
+from harness.ray_cluster import local_cluster
 from pipeline.config import ConfigError, PipelineConfig, parse_pipeline_config
 from pipeline.coordinator import Coordinator, PipelineError
 from pipeline.placement.ray_actor import actor_name, actor_prefix
@@ -40,8 +41,6 @@ from tests.pipeline.helpers import (
 NAMESPACE = "duplex-test"
 # Tiny nodes: the head holds no stage (0 CPUs); each worker fits every stage (4 x 0.5 CPU), so the
 # stages of a removed node can restart on the other one.
-WORKER = {"num_cpus": 2, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
-HEAD = {**WORKER, "num_cpus": 0, "include_dashboard": False}
 TOY = toy_config(max_in_flight=128)
 ANSWER = int(TOY.stage("thinker").options["answer_tokens"])
 
@@ -60,17 +59,8 @@ SHARED = ray_config()
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    cluster = Cluster(initialize_head=True, head_node_args=HEAD)
-    for _ in range(2):
-        cluster.add_node(**WORKER)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with local_cluster(NAMESPACE, cpus_per_worker=2, object_store_mib=80) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
