@@ -213,19 +213,20 @@ class Session:
                 and td is not None and td.interrupt_response)
 
     def _on_onset(self, onset: SpeechStarted, received_at: float) -> None:
-        if self._agent_interruptible() and self.barge_in is None and not self.audio.paces_playout:
+        if not self._agent_interruptible() or self.barge_in is not None:
+            self._speech_started(onset.start_ms)
+            return
+        pending = PendingInterruption(onset.start_ms, self.audio.heard_ms())
+        if not self.audio.paces_playout:
             # The client plays the audio: nothing to hold here, so speech_started goes out now
             # (the client stops playing at once) and the response is cancelled (as OpenAI does).
-            self._confirm_interruption(PendingInterruption(onset.start_ms, self.audio.heard_ms()))
+            self._confirm_interruption(pending)
             return
-        if self._agent_interruptible() and self.barge_in is None:
-            self.audio.pause()
-            self.barge_in = PendingInterruption(onset.start_ms, self.audio.heard_ms())
-            # From the arrival of the audio that holds the onset, so the VAD's own delay counts.
-            metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - self._arrival(onset.start_ms, received_at))
-            self.log.info("possible interruption at %d ms: agent audio paused", onset.start_ms)
-            return
-        self._speech_started(onset.start_ms)
+        self.audio.pause()
+        self.barge_in = pending
+        # From the arrival of the audio that holds the onset, so the VAD's own delay counts.
+        metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - self._arrival(onset.start_ms, received_at))
+        self.log.info("possible interruption at %d ms: agent audio paused", onset.start_ms)
 
     def _arrival(self, position_ms: int, fallback: float) -> float:
         sample = position_ms * SAMPLE_RATE // 1000
