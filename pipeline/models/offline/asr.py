@@ -10,6 +10,7 @@ came as text. Stateless: nothing is kept between items (``simple`` scheduler).
 from __future__ import annotations
 
 import logging
+import re
 import zlib
 from math import gcd
 from pathlib import Path
@@ -26,14 +27,22 @@ log = logging.getLogger(__name__)
 WHISPER_RATE = 16000
 FRAMES_PER_SECOND = 100  # Whisper's log-mel hop is 10 ms
 SHORT_WINDOW_MAX_S = 25.0
+# Whisper was trained on 30 s windows of audio padded with silence. A shorter window, padded with
+# silence as audio (not with zeros as features, which Whisper reads as something else), and at least
+# twice the clip: shorter ones looped ("What is the capital of France? What is the capital of") on
+# up to half the placements of a natural voice's question; from 8 s up none of 120 did.
+SHORT_WINDOW_MIN_S = 10
+WHISPER_WINDOW_S = 30
 MAX_TRANSCRIPT_TOKENS = 224  # Whisper's own cap on a window's text
 # Nobody says more than ~5 tokens a second; a cap tied to the clip's length ends a decoder that
 # loops on its own words (seen: a 2 s question transcribed as itself sixteen times over). A text
-# that compresses better than Whisper's own threshold is such a loop: faster-whisper's full path,
-# with its temperature fallback, decodes the clip again.
+# that compresses better than Whisper's own threshold, or that says a run of LOOP_WORDS words
+# twice, is such a loop: faster-whisper's full path, with its temperature fallback, decodes the
+# clip again.
 TOKENS_PER_SECOND_CAP = 8
 TOKENS_EXTRA = 8
 MAX_COMPRESSION_RATIO = 2.4
+LOOP_WORDS = 4
 ROLES = ("system", "user", "assistant")
 
 
@@ -55,9 +64,9 @@ class Transcriber:
     faster-whisper pads every clip to Whisper's 30 s window, so the encoder costs the same for a
     3 s question as for 30 s of speech (~0.7 s of the first-audio latency on 2 busy cores).
     CTranslate2's Whisper encoder also takes a shorter window: a clip of up to
-    ``SHORT_WINDOW_MAX_S`` is encoded in a window of its own length plus a second (rounded up to
-    whole seconds), about 6x faster on a 3 s question with the same words; longer audio goes through
-    faster-whisper's own 30 s segmentation.
+    ``SHORT_WINDOW_MAX_S`` is encoded in a window of twice its length (at least
+    ``SHORT_WINDOW_MIN_S``, at most 30 s, in whole seconds), about 5x faster on a 3 s question with
+    the same words; longer audio goes through faster-whisper's own 30 s segmentation.
     """
 
     def __init__(self, model_dir: Path, threads: int = 1) -> None:
@@ -99,13 +108,14 @@ class Transcriber:
     def _transcribe_short(self, samples: np.ndarray) -> str:
         import ctranslate2
 
-        features = self._model.feature_extractor(samples)
-        frames = int(np.ceil(samples.size / WHISPER_RATE + 1.0)) * FRAMES_PER_SECOND
-        window = np.zeros((features.shape[0], frames), dtype=np.float32)
-        used = min(frames, features.shape[1])
-        window[:, :used] = features[:, :used]
+        seconds = int(np.ceil(2 * samples.size / WHISPER_RATE))
+        seconds = min(WHISPER_WINDOW_S, max(SHORT_WINDOW_MIN_S, seconds))
+        padded = np.zeros(seconds * WHISPER_RATE, dtype=np.float32)
+        padded[: samples.size] = samples
+        features = self._model.feature_extractor(padded, padding=0)
+        window = np.ascontiguousarray(features[None, :, : seconds * FRAMES_PER_SECOND])
         (result,) = self._model.model.generate(
-            ctranslate2.StorageView.from_array(window[None]),
+            ctranslate2.StorageView.from_array(window),
             [self._prompt],
             beam_size=1,
             max_length=min(MAX_TRANSCRIPT_TOKENS,
@@ -113,7 +123,7 @@ class Transcriber:
         )
         tokens = [t for t in result.sequences_ids[0] if t < self._tokenizer.eot]
         text = self._tokenizer.decode(tokens).strip()
-        if _compression_ratio(text) > MAX_COMPRESSION_RATIO:
+        if _compression_ratio(text) > MAX_COMPRESSION_RATIO or _says_a_run_twice(text):
             return self._transcribe_full(samples)
         return text
 
@@ -121,6 +131,13 @@ class Transcriber:
 def _compression_ratio(text: str) -> float:
     data = text.encode()
     return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def _says_a_run_twice(text: str) -> bool:
+    """Whether some run of ``LOOP_WORDS`` words occurs twice (case and punctuation ignored)."""
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    runs = [tuple(words[i:i + LOOP_WORDS]) for i in range(len(words) - LOOP_WORDS + 1)]
+    return len(set(runs)) < len(runs)
 
 
 class Recognizer:
