@@ -37,6 +37,14 @@ RESPONSE_PHASE_SECONDS = Histogram(
 OUTBOUND_QUEUE_SECONDS = Gauge(
     "duplex_outbound_queue_seconds", "Agent audio queued for playout, all sessions"
 )
+SPECULATIVE_RESPONSES_TOTAL = Counter(
+    "duplex_speculative_responses_total",
+    "Answers begun at a pause of the user's turn (semantic_vad), by outcome: adopted when the turn "
+    "ended in that pause, aborted when the user went on",
+    ["outcome"],
+)
+for _outcome in ("adopted", "aborted"):
+    SPECULATIVE_RESPONSES_TOTAL.labels(_outcome)
 
 for _transport in TRANSPORTS:
     SESSIONS_ACTIVE.labels(_transport)

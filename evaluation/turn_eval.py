@@ -4,6 +4,11 @@ on spoken turns made at run time (:mod:`evaluation.turn_utterances`).
     python -m evaluation.turn_eval            # measure the shipped policy and model
     python -m evaluation.turn_eval --tune     # also fit the cue weights and search the policy
 
+Where the offline model set is installed, every asked pause is also transcribed by its recogniser
+(Whisper tiny.en, as the speculative request does in the server) and semantic_vad is measured a
+second time with the words of the pause as a cue ("+ words"); a decision at the ask then also
+waits for the recognition.
+
 For every turn the session's real VAD runs window by window over the audio as a streaming
 detector would see it; semantic_vad asks the end-of-turn model once per pause, at
 ``MIN_SILENCE_MS`` of silence (:mod:`evaluation.turn_trace`), then replays
@@ -53,6 +58,7 @@ from duplex.turns.semantic_policy import (
     patience,
 )
 from duplex.turns.server_vad import SpeechStopped, TurnDetector
+from duplex.turns.transcript_cue import Words
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
 from evaluation.bench_common import format_table, machine, save_results
 from evaluation.turn_trace import Trace, trace
@@ -67,13 +73,14 @@ Weights = tuple[float, float, float]  # (w_model, w_fall, bias) of Cues.probabil
 
 
 def _decision_ms(
-    p: float | None, length_ms: int | None, rule: Patience, call_ms: float
+    p: float | None, length_ms: int | None, rule: Patience, call_ms: float,
+    words: Words | None = None,
 ) -> float | None:
     """When in a pause (ms of silence) the policy ends the turn, replayed window by window; None
     when the pause ends first. ``length_ms`` None: the pause lasts until the turn ends."""
     silence = MIN_SILENCE_MS
     while length_ms is None or silence <= length_ms:
-        if decide(p, silence, rule=rule) is Decision.END:
+        if decide(p, silence, rule=rule, words=words) is Decision.END:
             # Ending as soon as the model was asked also waits for its answer.
             return silence + call_ms if silence == MIN_SILENCE_MS else silence
         silence += STEP_MS
@@ -81,23 +88,27 @@ def _decision_ms(
 
 
 def replay(
-    traces: list[Trace], rule: Patience, weights: Weights, call_ms: float, stretch: float = 1.0
+    traces: list[Trace], rule: Patience, weights: Weights, call_ms: float, stretch: float = 1.0,
+    with_words: bool = False,
 ) -> dict[str, Any]:
-    """semantic_vad with ``rule`` and the cue ``weights`` over every trace; pauses inside a turn
-    count as ``stretch`` times as long as they were (a margin when tuning)."""
+    """semantic_vad with ``rule`` and the cue ``weights`` (and the words of each pause, if
+    ``with_words``: then ``call_ms`` is what the slower of model and recogniser takes) over every
+    trace; pauses inside a turn count as ``stretch`` times as long as they were (a margin when
+    tuning)."""
     latencies, cut_scripted, cut_any, at_ask = [], 0, 0, 0
     for t in traces:
         cut = False
         latency = 0.0
         for pause in t.pauses:
             p = pause.cues.probability(*weights) if pause.cues else None
+            words = pause.words if with_words else None
             if pause.inside:
                 # An answer that comes after the speaker went on is dropped by the detector.
                 length = round(pause.length_ms * stretch)
-                ended = _decision_ms(p, length, rule, call_ms)
+                ended = _decision_ms(p, length, rule, call_ms, words)
                 cut |= ended is not None and ended <= length
             else:
-                decided = _decision_ms(p, None, rule, call_ms)
+                decided = _decision_ms(p, None, rule, call_ms, words)
                 at_ask += decided == MIN_SILENCE_MS + call_ms
                 latency = pause.start_ms + decided - t.utterance.speech_end_ms
         latencies.append(latency)
@@ -204,6 +215,19 @@ def tune_all(traces: list[Trace], weights: Weights, call_ms: float) -> dict[Eage
     return {Eagerness.LOW: low, Eagerness.MEDIUM: medium, Eagerness.HIGH: high}
 
 
+def tune_words_threshold(traces: list[Trace], rules: dict[Eagerness, Patience], weights: Weights,
+                         ask_ms: float) -> float:
+    """The lowest bar for words that read as finished (in steps of 0.02) with which no eagerness
+    cuts a turn, even were every pause inside a turn ``MARGIN`` times longer."""
+    for threshold in np.arange(0.5, 1.0, 0.02):
+        tried = {e: dataclasses.replace(r, words_threshold=round(float(threshold), 2))
+                 for e, r in rules.items()}
+        if all(replay(traces, r, weights, ask_ms, stretch=MARGIN, with_words=True)["cut_count"] == 0
+               for r in tried.values()):
+            return round(float(threshold), 2)
+    return 1.0
+
+
 def _ordered(eager: Patience | None, patient: Patience) -> bool:
     """Whether ``patient`` asks for at least ``eager``'s probability at every silence."""
     if eager is None:
@@ -252,12 +276,17 @@ def main() -> None:
     started = time.perf_counter()
     turns = utterances(TAIL_S)
     print(f"{len(turns)} turns synthesized in {time.perf_counter() - started:.1f} s")
-    traces = [trace(u, model, MIN_SILENCE_MS) for u in turns]
+    hear = _recogniser()
+    traces = [trace(u, model, MIN_SILENCE_MS, hear) for u in turns]
     calls = [s * 1000 for t in traces for s in t.call_seconds]
+    heard = [s * 1000 for t in traces for s in t.hear_seconds]
     timing = _model_timing(model, turns[0].audio)
     # What a decision taken at the ask waits for: the model's own cost, timed apart from the
     # traces, where it shares the cores with the VAD loop and the synthesis.
     call_ms = timing["smart_turn"] + timing["pitch_fall"]
+    # With the words, the decision at the ask waits for the slower of the model and the
+    # recogniser (they run side by side: the model in the session, recognition in the pipeline).
+    words_ask_ms = max(call_ms, statistics.median(heard)) if heard else call_ms
 
     weights: Weights = (W_MODEL, W_FALL, BIAS)
     rules = {e: patience(e) for e in EAGERNESSES}
@@ -265,6 +294,10 @@ def main() -> None:
         weights = fit_weights(traces, W_MODEL)
         rules = tune_all(traces, weights, call_ms)
         print(f"fitted weights (w_model, w_fall, bias) = {weights}")
+        if heard:
+            words_threshold = tune_words_threshold(traces, rules, weights, words_ask_ms)
+            rules = {e: dataclasses.replace(r, words_threshold=words_threshold)
+                     for e, r in rules.items()}
         for e, rule in rules.items():
             print(f"tuned {e}: {rule}")
         _held_out_check(traces, weights, call_ms)
@@ -272,6 +305,9 @@ def main() -> None:
     detectors: dict[str, dict[str, Any]] = {}
     for e, rule in rules.items():
         detectors[f"semantic_vad {e}"] = replay(traces, rule, weights, call_ms)
+        if heard:
+            detectors[f"semantic_vad {e} + words"] = replay(traces, rule, weights, words_ask_ms,
+                                                           with_words=True)
     # What-if, refitted and retuned on every run: the pitch cue alone, without smart-turn.
     pitch_only = fit_weights(traces, 0.0)
     detectors["semantic medium, pitch only"] = replay(
@@ -297,6 +333,11 @@ def main() -> None:
             "in_trace_call_p90": round(float(np.percentile(calls, 90)), 1),
         },
         "calls_per_speech_minute": round(len(calls) / speech_minutes, 1),
+        "recognition_ms": {
+            "median": round(statistics.median(heard), 1) if heard else None,
+            "p90": round(float(np.percentile(heard, 90)), 1) if heard else None,
+        },
+        "words": _words_table(traces) if heard else None,
         "detectors": detectors,
         "pause_scores": {
             "finished": [p.cues.probability(*weights) for t in traces for p in t.pauses
@@ -312,9 +353,34 @@ def main() -> None:
          for n, d in detectors.items()],
     ))
     print(f"\nAUC finished vs mid-turn pause: {results['auc']}")
+    if heard:
+        print(f"words of the asked pauses: {results['words']}; recognition "
+              f"{results['recognition_ms']} ms")
     print(f"model: {results['model_ms']} ms; {results['calls_per_speech_minute']} calls per minute "
           f"of speech ({len(calls)} calls over {speech_minutes:.1f} min)")
     save_results(NAME, results, plot)
+
+
+def _recogniser() -> Callable[[np.ndarray], str] | None:
+    """The offline preset's Whisper tiny.en on 16 kHz audio, or None where it is not installed."""
+    try:
+        from pipeline.models.offline.asr import Transcriber
+        from pipeline.models.offline.sources import asr_model_dir
+
+        transcriber = Transcriber(asr_model_dir("packaged"))
+    except (ImportError, RuntimeError) as err:
+        print(f"no recogniser ({err}): semantic_vad is measured on audio cues only")
+        return None
+    return lambda audio: transcriber.transcribe(audio, SAMPLE_RATE)
+
+
+def _words_table(traces: list[Trace]) -> dict[str, dict[str, int]]:
+    """How the words of each asked pause read, at the end of a turn and inside one."""
+    table: dict[str, dict[str, int]] = {"finished": {}, "inside": {}}
+    for pause in (p for t in traces for p in t.pauses if p.words is not None):
+        row = table["inside" if pause.inside else "finished"]
+        row[str(pause.words)] = row.get(str(pause.words), 0) + 1
+    return table
 
 
 def _held_out_check(traces: list[Trace], weights: Weights, call_ms: float) -> None:

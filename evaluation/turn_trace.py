@@ -8,17 +8,25 @@ it asks the end-of-turn model for its cues on the audio up to that window, as a 
 does once per pause. The policy can then be replayed on the trace for any eagerness and any
 threshold without calling the model again (:mod:`evaluation.turn_eval` does).
 
+Given a recogniser (``hear``: the offline preset's Whisper tiny.en, as its speculative request
+would run it at that moment), each asked pause also gets the words of the turn so far, read by
+:func:`duplex.turns.transcript_cue.read_transcript`.
+
 Nothing here holds state between calls.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from duplex.turns.config import TurnDetection
 from duplex.turns.end_of_turn import Cues, EndOfTurnModel
 from duplex.turns.server_vad import TurnDetector
+from duplex.turns.transcript_cue import Words, read_transcript
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
 from evaluation.turn_utterances import Utterance
 
@@ -31,6 +39,8 @@ class Pause:
     length_ms: int  # how long it lasted before speech resumed (or the audio ended)
     inside: bool = False  # speech resumed after it: ending the turn here cuts the speaker off
     cues: Cues | None = None  # the model's answer, when the pause reached ``ask_at_ms``
+    transcript: str | None = None  # what the recogniser heard of the turn so far, then
+    words: Words | None = None  # how those words read
 
 
 @dataclass
@@ -38,15 +48,19 @@ class Trace:
     utterance: Utterance
     pauses: list[Pause]
     call_seconds: list[float]  # wall time of each model call
+    hear_seconds: list[float] = field(default_factory=list)  # wall time of each recognition
 
 
-def trace(utterance: Utterance, model: EndOfTurnModel, ask_at_ms: int) -> Trace:
+def trace(utterance: Utterance, model: EndOfTurnModel, ask_at_ms: int,
+          hear: Callable[[np.ndarray], str] | None = None) -> Trace:
     """The pauses of ``utterance`` and the model's answer in each that lasted ``ask_at_ms``
-    (rounded up to whole 32 ms VAD windows); see the module doc."""
+    (rounded up to whole 32 ms VAD windows), with what ``hear`` made of the turn so far; see the
+    module doc."""
     detector = TurnDetector(TurnDetection(silence_duration_ms=10_000))
     audio = utterance.audio
     pauses: list[Pause] = []
     calls: list[float] = []
+    heard: list[float] = []
     current: Pause | None = None
     for begin in range(0, len(audio) - WINDOW + 1, WINDOW):
         detector.process(audio[begin : begin + WINDOW])
@@ -61,9 +75,15 @@ def trace(utterance: Utterance, model: EndOfTurnModel, ask_at_ms: int) -> Trace:
             current = Pause(start_ms=detector.position_ms - silence, length_ms=0)
         current.length_ms = silence
         if current.cues is None and silence >= ask_at_ms:
+            so_far = audio[: detector.position_ms * SAMPLE_RATE // 1000]
             started = time.perf_counter()
-            current.cues = model.cues(audio[: detector.position_ms * SAMPLE_RATE // 1000])
+            current.cues = model.cues(so_far)
             calls.append(time.perf_counter() - started)
+            if hear is not None:
+                started = time.perf_counter()
+                current.transcript = hear(so_far)
+                current.words = read_transcript(current.transcript)
+                heard.append(time.perf_counter() - started)
     if current is not None:
         pauses.append(current)
-    return Trace(utterance, pauses, calls)
+    return Trace(utterance, pauses, calls, heard)

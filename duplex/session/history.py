@@ -115,11 +115,13 @@ class History:
         item.text = "".join(d for d, _ in item.deltas)
         item.truncated_at_ms = audio_end_ms
 
-    def messages(self, instructions: str | None) -> list[dict[str, Any]]:
-        """The model's input (OmniRequest.inputs["messages"]), newest audio first in the budget."""
+    def messages(self, instructions: str | None, pending: Item | None = None) -> list[dict[str, Any]]:
+        """The model's input (OmniRequest.inputs["messages"]), newest audio first in the budget;
+        ``pending`` is answered as if it were the newest item (a turn not yet committed)."""
         budget = self._max_audio_s
         kept: list[dict[str, Any]] = []
-        for item in reversed(self.items):
+        items = self.items if pending is None else [*self.items, pending]
+        for item in reversed(items):
             text = item.call.as_text if item.call is not None else item.transcript or None
             message: dict[str, Any] = {"role": item.role, "text": text, "audio": None, "sample_rate": None}
             if item.audio is not None and item.sample_rate:

@@ -24,6 +24,10 @@ class KeptModelState:
         self._keys: list[tuple[Any, ...]] = []  # (role, text, audio identity) of the last request
         self._closing: set[asyncio.Task[None]] = set()
 
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
     def conversation_for(self, messages: list[dict[str, Any]]) -> str | None:
         """The conversation id for a request with ``messages`` (None when state is not kept)."""
         if not self._enabled:

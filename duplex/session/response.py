@@ -93,7 +93,7 @@ class Response:
 
     def __init__(self, host: ResponseHost, request: OmniRequest, item: Item, previous: str | None,
                  spec: ResponseSpec, conversation_id: str | None, turn_end_at: float | None,
-                 log_extra: dict[str, str]) -> None:
+                 log_extra: dict[str, str], chunks: AsyncIterator[OutputChunk] | None = None) -> None:
         self.host = host
         self.id = new_id("resp")
         self.item = item
@@ -122,6 +122,8 @@ class Response:
         # (end of the audio so far in ms, answer tokens voiced by then), per audio chunk that says
         self._voiced_tokens: list[tuple[int, int]] = []
         self.log = logging.LoggerAdapter(log, {**log_extra, "request_id": self.request_id})
+        # A speculative request's chunks (already submitted at a pause of the turn), or None.
+        self._adopted = chunks
         if self.speaks:
             host.audio.begin(self.id, item.id, spec.output_format)
         self._task = asyncio.get_running_loop().create_task(self._run(request, previous))
@@ -168,11 +170,17 @@ class Response:
         self._finish(status, error)
 
     async def _generate(self, request: OmniRequest) -> None:
-        # A response cancelled before this task ran never reaches the pipeline (its id is aborted).
-        chunks = self.host.pipeline.stream(request) if self.cancel_reason is None else _no_chunks()
-        self.submitted_at = time.monotonic()
-        if self.turn_end_at is not None:
-            _phase("turn_end_to_submit", self.submitted_at - self.turn_end_at)
+        # A response cancelled before this task ran never reaches the pipeline (its id is aborted);
+        # an adopted speculation was submitted before the turn ended (and its abort ends it).
+        if self._adopted is not None:
+            chunks = self._adopted
+        elif self.cancel_reason is None:
+            chunks = self.host.pipeline.stream(request)
+            self.submitted_at = time.monotonic()
+            if self.turn_end_at is not None:
+                _phase("turn_end_to_submit", self.submitted_at - self.turn_end_at)
+        else:
+            chunks = _no_chunks()
         # aclosing: a task cancelled mid-stream aborts the request now, not when collected.
         async with contextlib.aclosing(chunks):  # type: ignore[type-var]
             async for chunk in chunks:

@@ -6,7 +6,9 @@ session sends server events through its ``SessionTransport`` and agent audio thr
 ``AgentAudio``, and reaches the model only through a ``ModelPipeline`` (``stream`` / ``abort``).
 
 A turn ends by silence (server_vad) or when the end-of-turn model and the pause say the user has
-finished (semantic_vad, :class:`~duplex.turns.semantic.SemanticTurnJudge`).
+finished (semantic_vad, :class:`~duplex.turns.semantic.SemanticTurnJudge`). Under semantic_vad
+the answer begins at each pause, unseen, and is adopted when the turn ends there or aborted when
+the user goes on (:mod:`duplex.session.speculation`); its transcript is the judge's text cue.
 
 States (:class:`State`): listening → user_speaking → thinking → speaking → listening. While a
 response is active and ``interrupt_response`` is on, barge-in adds a sub-state (``barge_in``).
@@ -55,6 +57,7 @@ from duplex.session.input_buffer import InputBuffer
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.model_state import KeptModelState
 from duplex.session.response import Response
+from duplex.session.speculation import Speculation, Speculator
 from duplex.session.states import BargeIn, Cancelling, PendingInterruption, SessionTransport, State
 from duplex.settings import SessionDefaults
 from duplex.turns.semantic import SemanticTurnJudge
@@ -92,6 +95,7 @@ class Session:
         self.log = logging.LoggerAdapter(log, {"session_id": session_id})
         self._detector = TurnDetector(self.config.turn_detection, self._max_turn_ms)
         self._judge = SemanticTurnJudge()
+        self._speculator = Speculator(pipeline, self._judge, {"session_id": session_id})
         self._model_state = KeptModelState(pipeline, defaults.keep_model_state)
         self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
         self._decoder = InboundDecoder(self.config.input_format)
@@ -126,6 +130,7 @@ class Session:
             await self.cancel_response("session_closed")
         self._detector.reset()
         self._judge.forget()
+        await self._speculator.close()
         await self._model_state.close()
         self.history.clear()
         self._input.clear()
@@ -171,6 +176,7 @@ class Session:
                 stop = self._detector.end_turn()
                 assert stop is not None
                 self._on_turn_end(stop)
+            self._speculator.step(self._detector, self._may_speculate(), self._speculative_request)
             self._check_interruption()
 
     def _semantic_turn_end(self) -> bool:
@@ -179,6 +185,19 @@ class Session:
         if td is None or td.type != "semantic_vad" or isinstance(self.barge_in, PendingInterruption):
             return False
         return self._judge.should_end(self._detector, td.eagerness)
+
+    def _may_speculate(self) -> bool:
+        """Whether an answer may begin at a pause (module doc of :mod:`duplex.session.speculation`)."""
+        td = self.config.turn_detection
+        return (td is not None and td.type == "semantic_vad" and td.create_response
+                and self._response is None and self.barge_in is None
+                and not self._model_state.enabled and not self._closed)
+
+    def _speculative_request(self, turn_audio: np.ndarray) -> OmniRequest:
+        spec = ResponseSpec.of_session(self.config)
+        pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE)
+        return OmniRequest(new_id("req"), {"messages": self.history.messages(spec.instructions, pending)},
+                           self._params(spec))
 
     async def settled(self) -> None:
         """Until the end-of-turn model answered for the current pause (tests on virtual time)."""
@@ -304,7 +323,7 @@ class Session:
         if td is None or not td.create_response:
             return
         if self._response is None:
-            self.start_response(turn_end_at=time.monotonic())
+            self.start_response(turn_end_at=time.monotonic(), speculation=self._speculator.take())
         elif isinstance(self.barge_in, Cancelling):
             self.barge_in.deferred_turn_end = time.monotonic()
 
@@ -372,14 +391,7 @@ class Session:
 
     # --- responses ------------------------------------------------------------------------
 
-    def start_response(self, turn_end_at: float | None = None, spec: ResponseSpec | None = None,
-                       input_items: list[Item] | None = None) -> None:
-        """Answer the history (or ``input_items``, the response's own input) as ``spec`` says (the
-        session's settings by default). An out-of-band response's item stays out of the history."""
-        if self._response is not None:
-            raise RealtimeError("a response is already in progress",
-                                code="conversation_already_has_active_response")
-        spec = spec or ResponseSpec.of_session(self.config)
+    def _params(self, spec: ResponseSpec) -> dict[str, Any]:
         params: dict[str, Any] = {
             "modalities": ["text", "audio"] if spec.speaks else ["text"],
             "voice": self.defaults.voice_map.get(spec.voice, spec.voice),
@@ -387,6 +399,31 @@ class Session:
         }
         if spec.tools and spec.tool_choice != "none":
             params["tools"], params["tool_choice"] = list(spec.tools), spec.tool_choice
+        return params
+
+    def start_response(self, turn_end_at: float | None = None, spec: ResponseSpec | None = None,
+                       input_items: list[Item] | None = None,
+                       speculation: Speculation | None = None) -> None:
+        """Answer the history (or ``input_items``, the response's own input) as ``spec`` says (the
+        session's settings by default), or adopt ``speculation``, the answer begun at the pause
+        where the turn ended. An out-of-band response's item stays out of the history."""
+        if self._response is not None:
+            raise RealtimeError("a response is already in progress",
+                                code="conversation_already_has_active_response")
+        spec = spec or ResponseSpec.of_session(self.config)
+        if speculation is not None:
+            request, chunks = speculation.request, speculation.adopt()
+        else:
+            request, chunks = self._request(spec, input_items), None
+        item = Item(new_id("item"), "assistant", speaks=spec.speaks)
+        # Added now, so that turns committed meanwhile come after it.
+        previous = None if spec.out_of_band else self.add_item(item)
+        conversation = None if spec.out_of_band else f"conv_{self.id}"
+        self._response = Response(self, request, item, previous, spec, conversation, turn_end_at,
+                                  {"session_id": self.id}, chunks=chunks)
+
+    def _request(self, spec: ResponseSpec, input_items: list[Item] | None) -> OmniRequest:
+        params = self._params(spec)
         source = self.history
         if input_items is not None:
             source = History(self.defaults.max_input_audio_s)
@@ -397,13 +434,7 @@ class Session:
             kept = self._model_state.conversation_for(messages)
             if kept is not None:
                 params["conversation_id"] = kept
-        request = OmniRequest(new_id("req"), {"messages": messages}, params)
-        item = Item(new_id("item"), "assistant", speaks=spec.speaks)
-        # Added now, so that turns committed meanwhile come after it.
-        previous = None if spec.out_of_band else self.add_item(item)
-        conversation = None if spec.out_of_band else f"conv_{self.id}"
-        self._response = Response(self, request, item, previous, spec, conversation, turn_end_at,
-                                  {"session_id": self.id})
+        return OmniRequest(new_id("req"), {"messages": messages}, params)
 
     async def cancel_response(self, reason: str) -> bool:
         """Cancel the response in flight (if any) and wait until its response.done went out."""

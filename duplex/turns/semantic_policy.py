@@ -12,6 +12,9 @@ OpenAI's ``semantic_vad`` takes an ``eagerness`` (``low``, ``medium``, ``high``;
    maximum wait. A confident answer ends the turn at once; a doubtful one only once the pause has
    outlasted the mid-sentence pauses of the tuning set (~1 s, the hold), and then the sooner the
    likelier it is.
+4. Where the words of the turn so far are known (:mod:`duplex.turns.transcript_cue`), words that
+   read as finished cap the bar at ``words_threshold``, and words that cannot end a sentence hold
+   the turn until the maximum wait.
 
 The numbers are tuned by ``python -m evaluation.turn_eval --tune`` on its spoken set: the
 smallest median end-of-speech -> decision time with no decision inside any mid-sentence pause,
@@ -33,6 +36,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from duplex.turns.transcript_cue import Words
 
 
 class Eagerness(enum.StrEnum):
@@ -61,13 +66,17 @@ class Patience:
     threshold: float  # P(complete) that ends the turn as soon as the model has answered
     hold_ms: int  # silence until which the bar stays at ``threshold``
     max_wait_ms: int  # silence at which the turn ends regardless; the bar reaches 0 here
+    words_threshold: float = 0.88  # the bar's cap when the words read as finished (see below)
 
-    def required(self, silence_ms: int) -> float:
-        """The probability that ends the turn after ``silence_ms`` of silence."""
+    def required(self, silence_ms: int, words: Words | None = None) -> float:
+        """The probability that ends the turn after ``silence_ms`` of silence, given what the
+        words of the turn so far say (None: not known; INCOMPLETE words wait for the maximum)."""
         if silence_ms <= self.hold_ms:
-            return self.threshold
-        fraction = (silence_ms - self.hold_ms) / (self.max_wait_ms - self.hold_ms)
-        return self.threshold * max(0.0, 1.0 - fraction)
+            bar = self.threshold
+        else:
+            fraction = (silence_ms - self.hold_ms) / (self.max_wait_ms - self.hold_ms)
+            bar = self.threshold * max(0.0, 1.0 - fraction)
+        return min(bar, self.words_threshold) if words is Words.COMPLETE else bar
 
 
 # The search gave every eagerness the same bar and hold; what differs is how soon the bar reaches
@@ -89,15 +98,19 @@ def decide(
     silence_ms: int,
     eagerness: Eagerness | str = Eagerness.AUTO,
     rule: Patience | None = None,
+    words: Words | None = None,
 ) -> Decision:
     """End the turn or wait, ``silence_ms`` into a pause whose end-of-turn probability is
-    ``p_complete`` (None while the model has not answered yet). ``rule`` replaces the
-    eagerness's tuned :class:`Patience` (the evaluation tries others)."""
+    ``p_complete`` (None while the model has not answered yet) and whose words read as ``words``
+    (None while unknown). ``rule`` replaces the eagerness's tuned :class:`Patience` (the
+    evaluation tries others)."""
     rule = rule or patience(eagerness)
     if silence_ms < MIN_SILENCE_MS:
         return Decision.WAIT
     if silence_ms >= rule.max_wait_ms:
         return Decision.END
-    if p_complete is not None and p_complete >= rule.required(silence_ms):
+    if words is Words.INCOMPLETE:
+        return Decision.WAIT
+    if p_complete is not None and p_complete >= rule.required(silence_ms, words):
         return Decision.END
     return Decision.WAIT

@@ -1,5 +1,6 @@
 """The end-of-turn model (smart-turn v3.2 from the installed pipecat-ai wheel, plus the pitch cue)
-and the semantic_vad policy, on real speech made here with espeak-ng.
+and the semantic_vad policy, on real speech made here with espeak-ng; the words cue on transcripts
+as Whisper writes them.
 
 The sentences are held out: none is in evaluation/turn_utterances.py, where the weights and the
 policy were tuned. Each turn is spoken as one SSML utterance, a pause inside it as a ``<break>``,
@@ -26,6 +27,7 @@ from duplex.turns.semantic_policy import (
     decide,
     patience,
 )
+from duplex.turns.transcript_cue import Words, read_transcript
 
 RATE = 16000
 LOUD = 0.004  # |sample| above this is sound (espeak pads its output with digital silence)
@@ -135,3 +137,31 @@ def test_model_loads_from_the_installed_wheel_without_network(
     p = model.probability(audio, transcript="a transcript changes nothing yet")
     assert 0.0 <= p <= 1.0 and p == model.probability(audio)
     assert end_of_turn.shared_model() is end_of_turn.shared_model()
+
+
+@pytest.mark.parametrize(("transcript", "words"), [
+    ("What is the capital of France?", Words.COMPLETE),
+    ("Thank you.", Words.COMPLETE),  # "you" may end a sentence
+    ("I would like to order a large pizza with.", Words.INCOMPLETE),  # Whisper's full stop
+    ("I think that...", Words.INCOMPLETE),
+    ("I need eggs, milk,", Words.INCOMPLETE),
+    ("My number is 555.", Words.UNKNOWN),  # numbers are read in groups
+    ("The order number is a B.", Words.UNKNOWN),
+    ("Okay", Words.UNKNOWN),
+    ("", Words.UNKNOWN),
+])
+def test_the_last_words_say_whether_a_sentence_can_end_there(transcript: str, words: Words) -> None:
+    assert read_transcript(transcript) is words
+
+
+def test_words_lower_the_bar_or_hold_the_turn_until_the_maximum_wait() -> None:
+    rule = patience(Eagerness.MEDIUM)
+    p = (rule.words_threshold + rule.threshold) / 2  # between the two bars
+    assert decide(p, MIN_SILENCE_MS, rule=rule) is Decision.WAIT
+    assert decide(p, MIN_SILENCE_MS, rule=rule, words=Words.COMPLETE) is Decision.END
+    assert decide(p, MIN_SILENCE_MS, rule=rule, words=Words.UNKNOWN) is Decision.WAIT
+    # Words that cannot end a sentence: even a sure model waits, and the maximum still ends it.
+    late = rule.max_wait_ms - 32
+    assert decide(0.999, late, rule=rule) is Decision.END
+    assert decide(0.999, late, rule=rule, words=Words.INCOMPLETE) is Decision.WAIT
+    assert decide(0.0, rule.max_wait_ms, rule=rule, words=Words.INCOMPLETE) is Decision.END

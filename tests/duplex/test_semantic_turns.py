@@ -1,22 +1,36 @@
 """semantic_vad in the session, on virtual time with the real VAD and the real end-of-turn model:
 a pause inside an unfinished sentence does not end the turn, a finished question does, and the
-maximum wait ends a turn the model doubts. The toy pipeline answers (in-process)."""
+maximum wait ends a turn the model doubts. The toy pipeline answers (in-process).
+
+The answer begun at each pause (speculation): aborted without a trace when the user goes on (a
+slow toy, so that the abort finds it running), adopted when the turn ends there, and its
+transcript read as the pause's words (a scripted pipeline, so that the test says what was heard).
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
+from prometheus_client import REGISTRY
 
 from duplex.media.paced_track import OutboundAudioTrack
 from duplex.media.playout import PacedPlayout
+from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from duplex.turns.config import TurnDetection
 from duplex.turns.semantic_policy import MAX_WAIT_MS, Eagerness
+from duplex.turns.server_vad import TurnDetector
+from harness.scripted_pipeline import RATE, ScriptedPipeline
 from harness.speech import speech, speech_with_pauses
+from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
+from pipeline.runner import start_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = 320  # 20 ms at 16 kHz
@@ -27,7 +41,7 @@ class Caller:
 
     kind = "webrtc"
 
-    def __init__(self, pipeline: Coordinator, eagerness: str = "auto") -> None:
+    def __init__(self, pipeline: ModelPipeline, eagerness: str = "auto") -> None:
         self.events: list[dict] = []
         self.clock = 0.0
         self.track = OutboundAudioTrack(clock=lambda: self.clock)
@@ -89,3 +103,90 @@ async def test_the_maximum_wait_ends_every_turn(pipeline: Coordinator) -> None:
         assert len(caller.committed_at) == 1, eagerness
         assert caller.committed_at[0] - end_of_speech <= MAX_WAIT_MS[Eagerness(eagerness)] + 200
         await caller.session.close()
+
+
+def speculative(outcome: str) -> float:
+    value = REGISTRY.get_sample_value("duplex_speculative_responses_total", {"outcome": outcome})
+    assert value is not None, "duplex_speculative_responses_total is not exported"
+    return value
+
+
+@pytest.fixture(scope="module")
+async def slow_pipeline() -> AsyncIterator[Coordinator]:
+    """The toy pipeline with a 4 s answer: still running when the user goes on."""
+    preset = read_yaml(ROOT / "configs" / "toy.yaml")["pipeline"]
+    thinker = next(stage for stage in preset["stages"] if stage["name"] == "thinker")
+    thinker["options"] = {"answer_tokens": 200, "step_delay_s": 0.02}
+    thinker["max_new_tokens"] = 256
+    coordinator = await start_pipeline(parse_pipeline_config(preset), mode="inproc")
+    yield coordinator
+    await coordinator.close()
+
+
+async def test_an_answer_begun_in_a_pause_is_aborted_without_a_trace_when_the_user_goes_on(
+        slow_pipeline: Coordinator) -> None:
+    caller = Caller(slow_pipeline)
+    aborted, adopted = speculative("aborted"), speculative("adopted")
+    first, rest = "I would like to order a large pizza with", "mushrooms and olives."
+    await caller.feed(speech_with_pauses((first,), (), pad_before_s=0.3, pad_after_s=0.0))
+    await caller.silence(600)
+    # The speculative answer runs in every stage, and nothing of it has reached the client.
+    stats = await slow_pipeline.stage_stats()
+    assert slow_pipeline.requests_in_flight == 1
+    assert stats["thinker"].live_requests == 1, stats
+    assert not [e for e in caller.events if e["type"].startswith(("response.", "conversation."))]
+    assert caller.session.history.items == []
+    await caller.feed(speech_with_pauses((rest,), (), pad_before_s=0.0, pad_after_s=0.0))
+    assert speculative("aborted") == aborted + 1
+    await caller.silence(MAX_WAIT_MS[Eagerness.MEDIUM] + 200)
+    assert len(caller.committed_at) == 1
+    assert [e["type"] for e in caller.events].count("response.created") == 1
+    assert speculative("adopted") == adopted + 1
+    assert [item.role for item in caller.session.history.items] == ["user", "assistant"]
+    await caller.session.close()
+    stats = await slow_pipeline.stage_stats()
+    assert slow_pipeline.requests_in_flight == 0
+    assert all(s.live_requests == 0 for s in stats.values()), stats
+
+
+async def _commit_time(transcript: str) -> tuple[int, Caller, ScriptedPipeline]:
+    """Audio ms of the pause (where the VAD found it) until the turn is committed, when the
+    speculative request's recogniser heard ``transcript``; the answer's chunks come before the turn
+    ends."""
+    pipeline = ScriptedPipeline()
+    caller = Caller(pipeline, eagerness="high")
+    question = speech("What is the capital of France?", 16000, 0.3, 0.0)
+    vad = TurnDetector(TurnDetection(silence_duration_ms=10_000))
+    vad.process(np.concatenate([question, np.zeros(16000, np.float32)]))
+    await caller.feed(question)
+    while not pipeline.requests:
+        await caller.silence(20)
+    pipeline.push(input_transcript=transcript)
+    pipeline.push(text="Paris.", audio=np.full(RATE // 10, 0.1, np.float32), sample_rate=RATE)
+    while not caller.committed_at:
+        await caller.silence(20)
+        await asyncio.sleep(0)  # let the speculation's task take the pushed chunks
+    return caller.committed_at[0] - vad.pause_start * 1000 // 16000, caller, pipeline
+
+
+async def test_the_words_of_the_pause_hold_an_unfinished_turn_and_the_adopted_answer_replays() -> None:
+    held, caller, pipeline = await _commit_time("I want to fly from Boston to")
+    # Words that cannot end a sentence: only the maximum wait ends the turn (a commit is recorded
+    # at the start of the 20 ms step that brought it).
+    assert held + STEP // 16 >= MAX_WAIT_MS[Eagerness.HIGH], held
+    quick, other, other_pipeline = await _commit_time("What is the capital of France?")
+    assert quick < held
+    for c, p in ((caller, pipeline), (other, other_pipeline)):
+        p.end()
+        while not [e for e in c.events if e["type"] == "response.done"]:
+            await c.silence(20)
+        # One request, adopted: what came before the turn ended is replayed in order.
+        assert len(p.requests) == 1 and p.aborted == []
+        types = [e["type"] for e in c.events]
+        assert types.index("input_audio_buffer.committed") < types.index("response.created") \
+            < types.index("conversation.item.input_audio_transcription.completed") \
+            < types.index("response.output_audio_transcript.delta")
+        done = next(e for e in c.events if e["type"] == "response.done")
+        assert done["response"]["status"] == "completed"
+        assert done["response"]["output"][0]["content"][0]["transcript"] == "Paris."
+        await c.session.close()

@@ -10,7 +10,6 @@ truncation by the exact text each audio chunk voices.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -21,61 +20,12 @@ from duplex.registry import SessionRegistry
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from duplex.transports.binding import SessionBinding
+from harness.scripted_pipeline import ScriptedPipeline
 from harness.speech import speech
-from pipeline.coordinator import PipelineError
-from pipeline.proto import OmniRequest, OutputChunk
 
 STEP = 320  # 20 ms at 16 kHz
 RATE = 24000
 TIMEOUT = 20.0
-
-
-class ScriptedPipeline:
-    """A fake ModelPipeline: each request's chunks are pushed by the test (``push``/``end``/``fail``)."""
-
-    ready = True
-    output_sample_rate = RATE
-
-    def __init__(self) -> None:
-        self.requests: list[OmniRequest] = []
-        self.aborted: list[str] = []
-        self.kept_on_abort: list[int | None] = []
-        self.closed_conversations: list[str] = []
-        self._queues: dict[str, asyncio.Queue[OutputChunk | Exception | None]] = {}
-        self.started = asyncio.Event()
-
-    async def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
-        queue: asyncio.Queue[OutputChunk | Exception | None] = asyncio.Queue()
-        self._queues[request.request_id] = queue
-        self.requests.append(request)
-        self.started.set()
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            if isinstance(item, Exception):
-                raise item
-            yield item
-
-    async def abort(self, request_id: str, keep_answer_tokens: int | None = None) -> None:
-        self.aborted.append(request_id)
-        self.kept_on_abort.append(keep_answer_tokens)
-        queue = self._queues.get(request_id)
-        if queue is not None:
-            queue.put_nowait(None)
-
-    async def close_conversation(self, conversation_id: str) -> None:
-        self.closed_conversations.append(conversation_id)
-
-    def push(self, **data: Any) -> None:
-        rid = self.requests[-1].request_id
-        self._queues[rid].put_nowait(OutputChunk(rid, "scripted", data))
-
-    def end(self) -> None:
-        self._queues[self.requests[-1].request_id].put_nowait(None)
-
-    def fail(self, message: str) -> None:
-        self._queues[self.requests[-1].request_id].put_nowait(PipelineError("talker", message))
 
 
 class Host:

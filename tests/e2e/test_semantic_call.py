@@ -1,6 +1,7 @@
 """semantic_vad over a real WebRTC call (toy model): an order read with a long pause in the middle
-of its sentence gets exactly one answer, after it ends; a plain question is answered without
-waiting for the maximum wait."""
+of its sentence gets exactly one answer, after it ends (the answer begun in the pause was aborted,
+the one begun in the final pause adopted); a plain question is answered without waiting for the
+maximum wait."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 async def test_a_pause_inside_a_sentence_gets_no_answer_and_the_end_gets_one(server: ServerProcess) -> None:
+    def speculative(outcome: str) -> float:
+        return server.metric("duplex_speculative_responses_total", {"outcome": outcome})
+
+    aborted, adopted = speculative("aborted"), speculative("adopted")
     call = await open_call(server)
     assert call.events()[0]["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
     order = speech_with_pauses(("I would like to order a large pizza with", "mushrooms and olives."),
@@ -34,6 +39,9 @@ async def test_a_pause_inside_a_sentence_gets_no_answer_and_the_end_gets_one(ser
     done = await call.wait_event("response.done")
     assert done["response"]["status"] == "completed"
     assert call.types().count("input_audio_buffer.committed") == 1
+    assert call.types().count("response.created") == 1
+    assert speculative("aborted") >= aborted + 1
+    assert speculative("adopted") == adopted + 1
     # A plain question, answered well before medium's 4 s maximum wait.
     loop = asyncio.get_running_loop()
     await call.mic.say(speech(QUESTION, 48000, 0.3, 0.0))

@@ -1,0 +1,142 @@
+"""A speculative response: the answer to a turn begun at a pause, before the turn is known to have
+ended, so that a patient turn detector still answers fast.
+
+Under semantic_vad, when a pause of the user's turn is long enough for the end-of-turn model to be
+asked, the session submits the request it would submit if the turn ended there (the history and
+the turn's audio so far) and a :class:`Speculation` streams it into a buffer. Nothing of it reaches
+the client or the history. Then either:
+
+- the turn ends in that pause: the session commits the turn as usual and a :class:`Response` adopts
+  the speculation (``chunks``): what came so far is replayed in order, the rest streams through,
+  and the user hears the answer a preprocessing, prefill and first tokens sooner;
+- the user goes on speaking: the session aborts it (acknowledged by every stage, as any abort), and
+  it leaves nothing: no event, no item, no pipeline state.
+
+Where the pipeline recognises speech (its chunks carry ``input_transcript``), the transcript is
+handed to ``on_transcript`` as soon as it comes: the words of the turn so far are the turn
+detector's text cue (:mod:`duplex.turns.transcript_cue`).
+
+A Speculation lives from the pause that began it until it is adopted or aborted;
+``duplex_speculative_responses_total`` counts each by outcome. A session's :class:`Speculator`
+holds at most one at a time (and the aborts still on their way), and is closed with the session.
+
+Not where the model keeps the conversation's state (``keep_model_state``): a speculative turn would
+extend the kept state with audio the turn may not keep; rolling it back through the kept state is
+left to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+
+from duplex import metrics
+from duplex.session.model_pipeline import ModelPipeline
+from duplex.turns.semantic import SemanticTurnJudge
+from duplex.turns.semantic_policy import MIN_SILENCE_MS
+from duplex.turns.server_vad import TurnDetector
+from pipeline.coordinator import PipelineError, PipelineOverloaded
+from pipeline.proto import OmniRequest, OutputChunk
+
+log = logging.getLogger(__name__)
+
+_END = None
+
+
+class Speculation:
+    def __init__(self, pipeline: ModelPipeline, request: OmniRequest, pause: int,
+                 on_transcript: Callable[[int, str], None], log_extra: dict[str, str]) -> None:
+        self.request = request
+        self.pause = pause  # the sample position where the pause that began it started
+        self.started_at = asyncio.get_running_loop().time()
+        self._pipeline = pipeline
+        self._on_transcript = on_transcript
+        self._chunks: asyncio.Queue[OutputChunk | Exception | None] = asyncio.Queue()
+        self._outcome: str | None = None
+        self.log = logging.LoggerAdapter(log, {**log_extra, "request_id": request.request_id})
+        self._task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            async for chunk in self._pipeline.stream(self.request):
+                transcript = chunk.data.get("input_transcript")
+                if transcript is not None and self._outcome is None:
+                    self._on_transcript(self.pause, str(transcript))
+                self._chunks.put_nowait(chunk)
+        except (PipelineError, PipelineOverloaded) as err:
+            # The adopting response reports it; an aborted speculation has nobody to tell.
+            self._chunks.put_nowait(err)
+        finally:
+            self._chunks.put_nowait(_END)
+
+    def adopt(self) -> AsyncIterator[OutputChunk]:
+        """The request's chunks for the response that answers the turn: those buffered, then the
+        rest as they come. Called once, instead of ``abort``."""
+        self._settle("adopted")
+        return self._replay()
+
+    async def _replay(self) -> AsyncIterator[OutputChunk]:
+        while (chunk := await self._chunks.get()) is not _END:
+            if isinstance(chunk, Exception):
+                raise chunk
+            yield chunk
+
+    async def abort(self) -> None:
+        """The user went on: abort the request and return once every stage released it."""
+        self._settle("aborted")
+        await self._pipeline.abort(self.request.request_id)
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    def _settle(self, outcome: str) -> None:
+        assert self._outcome is None, f"speculation already {self._outcome}"
+        self._outcome = outcome
+        metrics.SPECULATIVE_RESPONSES_TOTAL.labels(outcome).inc()
+        self.log.info("speculative request %s %s", self.request.request_id, outcome)
+
+
+class Speculator:
+    """One session's speculative answers (module doc): at most one, for the current pause."""
+
+    def __init__(self, pipeline: ModelPipeline, judge: SemanticTurnJudge,
+                 log_extra: dict[str, str]) -> None:
+        self._pipeline = pipeline
+        self._judge = judge
+        self._log_extra = log_extra
+        self._current: Speculation | None = None
+        self._last_pause: int | None = None  # one speculation per pause, even if dropped
+        self._aborts: set[asyncio.Task[None]] = set()
+
+    def step(self, detector: TurnDetector, may_start: bool,
+             request_for: Callable[[np.ndarray], OmniRequest]) -> None:
+        """After each VAD window: drop the speculation when the user went on (or it may no longer
+        run), begin one when a pause reaches the end-of-turn model's ask (``request_for`` builds
+        the request for the turn's audio so far)."""
+        pausing = detector.in_speech and detector.silence_ms > 0
+        current = self._current
+        if current is not None and not (may_start and pausing and detector.pause_start == current.pause):
+            self._drop()
+        if (self._current is None and may_start and pausing
+                and detector.silence_ms >= MIN_SILENCE_MS and detector.pause_start != self._last_pause):
+            self._last_pause = detector.pause_start
+            self._current = Speculation(self._pipeline, request_for(detector.turn_audio()),
+                                        detector.pause_start, self._judge.hear, self._log_extra)
+
+    def take(self) -> Speculation | None:
+        """The speculation for the turn that just ended in its pause (to adopt), if any."""
+        current, self._current = self._current, None
+        return current
+
+    def _drop(self) -> None:
+        current, self._current = self._current, None
+        if current is not None:
+            task = asyncio.get_running_loop().create_task(current.abort())
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
+
+    async def close(self) -> None:
+        """Abort what is speculated and return once every abort was acknowledged."""
+        self._drop()
+        await asyncio.gather(*self._aborts, return_exceptions=True)
