@@ -2,8 +2,10 @@
 
 Each event is validated and dispatched to the Session; anything wrong (unknown type, missing or
 bad fields, an action the session's state does not allow) becomes an ``error`` event that names
-the problem, and the session goes on. A ClientEvents belongs to one transport binding and holds no
-state of its own beyond its session; it changes the session only through the session's methods.
+the problem, and the session goes on. A ClientEvents belongs to one transport binding; its only
+state beyond its session is which of the history's items its client created (``conversation.item
+.create``), so that those stay within the caps below. It changes the session only through the
+session's methods.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ from duplex.session.history import FunctionCall, Item
 from duplex.session.session import Session
 
 MAX_TEXT_CHARS = 100_000
+# Caps on what a client's own items (``conversation.item.create``) hold in the history at once; a
+# deleted item (or one the history let go) frees its share. The history keeps 64 items: half of
+# them for the client leaves the conversation's own turns room. Its audio is kept as 16 kHz float32
+# (64 kB a second); 10 minutes of it, ~38 MB, is five times the longest user turn (120 s) and keeps
+# eight sessions' client audio within ~300 MB. One message (16 MiB of base64) can carry ~4 minutes.
+MAX_CLIENT_ITEMS = 32
+MAX_CLIENT_AUDIO_BYTES = 600 * 16000 * 4
 
 
 def _field(message: dict[str, Any], name: str, kind: type, required: bool = True) -> Any:
@@ -35,9 +44,16 @@ def _field(message: dict[str, Any], name: str, kind: type, required: bool = True
     return value
 
 
+def client_event_id(message: Any) -> str | None:
+    """The client's ``event_id``, to echo in an error: only a string (as the protocol has it)."""
+    event_id = message.get("event_id") if isinstance(message, dict) else None
+    return event_id if isinstance(event_id, str) else None
+
+
 class ClientEvents:
     def __init__(self, session: Session) -> None:
         self.session = session
+        self._created: set[str] = set()  # ids of the client's items, as long as the history has them
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
@@ -54,7 +70,7 @@ class ClientEvents:
 
     async def handle(self, message: Any) -> None:
         """One client event (parsed JSON); a bad one becomes an ``error`` event."""
-        event_id = message.get("event_id") if isinstance(message, dict) else None
+        event_id = client_event_id(message)
         try:
             if not isinstance(message, dict):
                 raise RealtimeError("an event must be a JSON object", code="invalid_event")
@@ -80,7 +96,7 @@ class ClientEvents:
         session.reconfigure(config)
         for err in errors:
             session.log.info("session.update: %s refused: %s", err.param, err.message)
-            session.send(error_event(err.message, err.code, err.param, message.get("event_id")))
+            session.send(error_event(err.message, err.code, err.param, client_event_id(message)))
         session.send(event("session.updated", session=session.session_object()))
 
     async def _append(self, message: dict[str, Any]) -> None:
@@ -94,7 +110,27 @@ class ClientEvents:
         self.session.send(event("input_audio_buffer.cleared"))
 
     async def _item_create(self, message: dict[str, Any]) -> None:
-        self.session.create_item(self._item(_field(message, "item", dict), "item"))
+        item = self._item(_field(message, "item", dict), "item")
+        self._check_caps(item)
+        self.session.create_item(item)
+        self._created.add(item.id)
+
+    def _check_caps(self, item: Item) -> None:
+        """Refuse an item beyond :data:`MAX_CLIENT_ITEMS` or :data:`MAX_CLIENT_AUDIO_BYTES`."""
+        held = [i for i in self.session.history.items if i.id in self._created]
+        self._created = {i.id for i in held}
+        if len(held) >= MAX_CLIENT_ITEMS:
+            raise RealtimeError(
+                f"the conversation already holds {len(held)} items created by the client, the cap "
+                f"(MAX_CLIENT_ITEMS = {MAX_CLIENT_ITEMS}); delete some first",
+                code="item_limit_exceeded", param="item")
+        held_bytes = sum(i.audio.nbytes for i in held if i.audio is not None)
+        new_bytes = item.audio.nbytes if item.audio is not None else 0
+        if held_bytes + new_bytes > MAX_CLIENT_AUDIO_BYTES:
+            raise RealtimeError(
+                f"the client's items would hold {held_bytes + new_bytes} bytes of audio (16 kHz "
+                f"float32), over the cap (MAX_CLIENT_AUDIO_BYTES = {MAX_CLIENT_AUDIO_BYTES}); "
+                "delete some first", code="item_limit_exceeded", param="item.content")
 
     def _item(self, raw: dict[str, Any], param: str) -> Item:
         """A client's item (``conversation.item.create``, ``response.input``): a message, a function

@@ -4,7 +4,9 @@ conversation a request continues, and freeing it when the session's history stop
 The kept state covers the previous request's messages plus its answer; a request continues it only
 if its messages begin with those (anything else — an edit, a deletion, new instructions, old audio
 leaving the budget, an answer that never came — starts a new conversation and frees the old). A
-KeptModelState belongs to one session; ``close`` frees what the pipeline keeps for it.
+request aborted before it kept anything (a speculative answer the user talked over) leaves the
+pipeline's state as it was: ``withdraw`` says so here too. A KeptModelState belongs to one session;
+``close`` frees what the pipeline keeps for it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class KeptModelState:
         self._enabled = enabled
         self._conversation: str | None = None
         self._keys: list[tuple[Any, ...]] = []  # (role, text, audio identity) of the last request
+        self._before: list[tuple[Any, ...]] = []  # the keys before the last request
         self._closing: set[asyncio.Task[None]] = set()
 
     @property
@@ -34,12 +37,24 @@ class KeptModelState:
             return None
         keys = [(m["role"], m["text"], None if m["audio"] is None else id(m["audio"])) for m in messages]
         previous, self._keys = self._keys, keys
-        continues = (self._conversation is not None and keys[: len(previous)] == previous
+        self._before = previous
+        continues = (self._conversation is not None and bool(previous)
+                     and keys[: len(previous)] == previous
                      and len(keys) > len(previous) and keys[len(previous)][0] == "assistant")
         if not continues:
-            self._forget()
-            self._conversation = new_id("conv")
+            # Kept state this request does not continue is freed; where nothing is kept (the
+            # conversation's first request was withdrawn) the conversation id serves again.
+            if previous:
+                self._forget()
+            self._before = []
+            if self._conversation is None:
+                self._conversation = new_id("conv")
         return self._conversation
+
+    def withdraw(self) -> None:
+        """The last request was aborted and kept nothing: the state is what it was before it (or
+        nothing, where that request began a new conversation)."""
+        self._keys = self._before
 
     def _forget(self) -> None:
         conversation, self._conversation = self._conversation, None

@@ -95,8 +95,9 @@ class Session:
         self.log = logging.LoggerAdapter(log, {"session_id": session_id})
         self._detector = TurnDetector(self.config.turn_detection, self._max_turn_ms)
         self._judge = SemanticTurnJudge()
-        self._speculator = Speculator(pipeline, self._judge, {"session_id": session_id})
         self._model_state = KeptModelState(pipeline, defaults.keep_model_state)
+        self._speculator = Speculator(pipeline, self._judge, self._model_state.withdraw,
+                                      {"session_id": session_id})
         self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
         self._decoder = InboundDecoder(self.config.input_format)
         self._response: Response | None = None
@@ -190,14 +191,12 @@ class Session:
         """Whether an answer may begin at a pause (module doc of :mod:`duplex.session.speculation`)."""
         td = self.config.turn_detection
         return (td is not None and td.type == "semantic_vad" and td.create_response
-                and self._response is None and self.barge_in is None
-                and not self._model_state.enabled and not self._closed)
+                and self._response is None and self.barge_in is None and not self._closed)
 
     def _speculative_request(self, turn_audio: np.ndarray) -> OmniRequest:
         spec = ResponseSpec.of_session(self.config)
         pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE)
-        return OmniRequest(new_id("req"), {"messages": self.history.messages(spec.instructions, pending)},
-                           self._params(spec))
+        return self._request(spec, None, pending)
 
     async def settled(self) -> None:
         """Until the end-of-turn model answered for the current pause (tests on virtual time)."""
@@ -318,12 +317,15 @@ class Session:
         item_id = self._user_item_id or new_id("item")
         self._user_item_id = None
         self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=stop.end_ms, item_id=item_id))
-        self.commit_user_audio(item_id, stop.audio)
         td = self.config.turn_detection
-        if td is None or not td.create_response:
+        answers = td is not None and td.create_response
+        speculation = self._speculator.take() if answers and self._response is None else None
+        # An adopted answer's turn is the audio its model heard (up to the pause it began in).
+        self.commit_user_audio(item_id, stop.audio if speculation is None else speculation.audio)
+        if not answers:
             return
         if self._response is None:
-            self.start_response(turn_end_at=time.monotonic(), speculation=self._speculator.take())
+            self.start_response(turn_end_at=time.monotonic(), speculation=speculation)
         elif isinstance(self.barge_in, Cancelling):
             self.barge_in.deferred_turn_end = time.monotonic()
 
@@ -422,14 +424,17 @@ class Session:
         self._response = Response(self, request, item, previous, spec, conversation, turn_end_at,
                                   {"session_id": self.id}, chunks=chunks)
 
-    def _request(self, spec: ResponseSpec, input_items: list[Item] | None) -> OmniRequest:
+    def _request(self, spec: ResponseSpec, input_items: list[Item] | None,
+                 pending: Item | None = None) -> OmniRequest:
+        """The request answering the history (or ``input_items``), with ``pending`` as its newest
+        turn (the turn so far, for a speculative answer)."""
         params = self._params(spec)
         source = self.history
         if input_items is not None:
             source = History(self.defaults.max_input_audio_s)
             for given in input_items:
                 source.add(given)
-        messages = source.messages(spec.instructions)
+        messages = source.messages(spec.instructions, pending)
         if input_items is None and not spec.out_of_band:
             kept = self._model_state.conversation_for(messages)
             if kept is not None:

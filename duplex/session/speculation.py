@@ -20,9 +20,11 @@ A Speculation lives from the pause that began it until it is adopted or aborted;
 ``duplex_speculative_responses_total`` counts each by outcome. A session's :class:`Speculator`
 holds at most one at a time (and the aborts still on their way), and is closed with the session.
 
-Not where the model keeps the conversation's state (``keep_model_state``): a speculative turn would
-extend the kept state with audio the turn may not keep; rolling it back through the kept state is
-left to do.
+Where the model keeps the conversation's state (``keep_model_state``), a speculative request
+continues it like any turn, so the prefill of the new turn happens in the pause: an abort puts the
+pipeline's state back to before the request (``on_withdrawn`` tells the session's
+:class:`~duplex.session.model_state.KeptModelState`), and an adopted speculation's audio is the
+turn's committed audio, so that the next turn continues exactly what the model heard.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ _END = None
 
 
 class Speculation:
-    def __init__(self, pipeline: ModelPipeline, request: OmniRequest, pause: int,
+    def __init__(self, pipeline: ModelPipeline, request: OmniRequest, audio: np.ndarray, pause: int,
                  on_transcript: Callable[[int, str], None], log_extra: dict[str, str]) -> None:
         self.request = request
+        self.audio = audio  # the turn's audio so far, as the request's last message holds it
         self.pause = pause  # the sample position where the pause that began it started
         self.started_at = asyncio.get_running_loop().time()
         self._pipeline = pipeline
@@ -101,9 +104,10 @@ class Speculator:
     """One session's speculative answers (module doc): at most one, for the current pause."""
 
     def __init__(self, pipeline: ModelPipeline, judge: SemanticTurnJudge,
-                 log_extra: dict[str, str]) -> None:
+                 on_withdrawn: Callable[[], None], log_extra: dict[str, str]) -> None:
         self._pipeline = pipeline
         self._judge = judge
+        self._on_withdrawn = on_withdrawn
         self._log_extra = log_extra
         self._current: Speculation | None = None
         self._last_pause: int | None = None  # one speculation per pause, even if dropped
@@ -121,7 +125,8 @@ class Speculator:
         if (self._current is None and may_start and pausing
                 and detector.silence_ms >= MIN_SILENCE_MS and detector.pause_start != self._last_pause):
             self._last_pause = detector.pause_start
-            self._current = Speculation(self._pipeline, request_for(detector.turn_audio()),
+            audio = detector.turn_audio()
+            self._current = Speculation(self._pipeline, request_for(audio), audio,
                                         detector.pause_start, self._judge.hear, self._log_extra)
 
     def take(self) -> Speculation | None:
@@ -132,6 +137,7 @@ class Speculator:
     def _drop(self) -> None:
         current, self._current = self._current, None
         if current is not None:
+            self._on_withdrawn()
             task = asyncio.get_running_loop().create_task(current.abort())
             self._aborts.add(task)
             task.add_done_callback(self._aborts.discard)

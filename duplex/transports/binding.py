@@ -1,8 +1,8 @@
 """One transport connection bound to a Session and a registry slot: what every transport shares.
 
 A :class:`SessionBinding` admits the connection (a registry slot, or ``TooManySessions``), starts
-its session, takes client events (parsed here, in one place, and handled one at a time, in order,
-so a handler that awaits is never overtaken), guards the handlers (an unexpected exception becomes
+its session, takes client events (rate-limited, parsed here, in one place, and handled one at a
+time, in order, so a handler that awaits is never overtaken), guards the handlers (an unexpected exception becomes
 an ``error`` event and a log line, never a dead handler), optionally ends a connection whose
 inbound audio stopped, and ends everything exactly once: the session (its pipeline request, VAD
 state, history, queued audio) and the slot.
@@ -24,12 +24,44 @@ import numpy as np
 
 from duplex.protocol.events import error_event
 from duplex.registry import SessionRegistry, SessionSlot
-from duplex.session.client_events import ClientEvents
+from duplex.session.client_events import ClientEvents, client_event_id
 from duplex.session.session import Session
 
 log = logging.getLogger(__name__)
 
 MAX_QUEUED_EVENTS = 1024  # client events waiting for their turn; beyond, the client is flooding
+
+# Client events per connection, a token bucket. A client appending audio every 20 ms sends 50
+# events a second, and everything else it sends (session.update, commit, response.create, item
+# operations) is a few more: 200 a second is four times that. The burst lets a client replay a
+# history of items or catch up on 10 s of 20-ms appends after a network stall at once. A client
+# over the limit gets MAX_RATE_ERRORS ``rate_limited`` errors (its events dropped), then is closed
+# (WebSocket: 1008): a flood costs the server a bounded amount of work before it ends, so it cannot
+# slow the other sessions down. It is forgiven once half its bucket has filled again.
+EVENT_RATE = 200.0
+EVENT_BURST = 1000
+MAX_RATE_ERRORS = 20
+FLOODING = "client event rate limit exceeded"  # the reason given to ``close_transport``
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` held; one taken per event."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self._at = time.monotonic()
+
+    def take(self) -> bool:
+        """Take a token if there is one (after refilling for the time since the last call)."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 class SessionBinding:
@@ -47,6 +79,9 @@ class SessionBinding:
         self._last_audio = time.monotonic()
         self._queue: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=MAX_QUEUED_EVENTS)
         self._tasks: list[asyncio.Task[None]] = []
+        self._bucket = TokenBucket(EVENT_RATE, EVENT_BURST)
+        self._refused = 0  # events refused by the rate limit since the client was last forgiven
+        self._closing: asyncio.Task[None] | None = None
         self._ending = False
         self.ended = asyncio.Event()
         self.log = logging.LoggerAdapter(log, {"session_id": session.id})
@@ -106,8 +141,30 @@ class SessionBinding:
             return None
         return message
 
+    def admit_event(self) -> bool:
+        """Whether one more client message may be handled now (see :data:`EVENT_RATE`). When not,
+        the client gets a ``rate_limited`` error, or, past :data:`MAX_RATE_ERRORS` of them, the
+        connection is closed with the reason :data:`FLOODING`."""
+        if self._bucket.take():
+            if self._refused and self._bucket.tokens >= EVENT_BURST / 2:
+                self._refused = 0
+            return True
+        self._refused += 1
+        if self._refused <= MAX_RATE_ERRORS:
+            self.session.send(error_event(
+                f"more than {EVENT_RATE:.0f} events a second (bursts of {EVENT_BURST}): event "
+                f"dropped; after {MAX_RATE_ERRORS} such errors the connection is closed",
+                "rate_limited"))
+        elif self._closing is None:
+            self.log.warning("client flooding with events: closing the connection")
+            self._closing = asyncio.get_running_loop().create_task(self._close_transport(FLOODING))
+        return False
+
     def receive(self, raw: str | bytes) -> None:
-        """A message from a transport that delivers in callbacks: parsed and handled in order."""
+        """A message from a transport that delivers in callbacks: rate-limited, parsed and handled
+        in order."""
+        if not self.admit_event():
+            return
         try:
             self._queue.put_nowait(raw)
         except asyncio.QueueFull:
@@ -122,7 +179,7 @@ class SessionBinding:
             kind = message.get("type")
             self.log.exception("event %r failed", kind)
             self.session.send(error_event("the server failed to handle this event", "server_error",
-                                          event_id=message.get("event_id"), kind="server_error"))
+                                          event_id=client_event_id(message), kind="server_error"))
 
     async def _handle_queued(self) -> None:
         while True:

@@ -30,11 +30,12 @@ from duplex.registry import SessionRegistry
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
-from duplex.transports.binding import SessionBinding
+from duplex.transports.binding import FLOODING, SessionBinding
 
 log = logging.getLogger(__name__)
 
 CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY_VIOLATION = 1008  # the client broke a rule of the server's (an event flood)
 SHUTDOWN_GRACE_S = 5.0
 # Server events waiting for a client that does not read them (its socket buffers are full). Beyond
 # this the client is ended: a session's memory must not grow with a client that went deaf. A
@@ -84,8 +85,12 @@ class WebSocketConnection:
             await self.binding.end(f"websocket {reason}")
 
     async def _close(self, reason: str) -> None:
-        """End the connection from the server (shutdown): close frame, then wait for ``run``."""
-        self._outbox.put_nowait(_Close(CLOSE_GOING_AWAY, "server shutting down"))
+        """End the connection from the server (shutdown, flood): close frame after the events
+        already queued, then wait for ``run``."""
+        if reason == FLOODING:
+            self._outbox.put_nowait(_Close(CLOSE_POLICY_VIOLATION, reason))
+        else:
+            self._outbox.put_nowait(_Close(CLOSE_GOING_AWAY, "server shutting down"))
         await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
     # --- SessionTransport --------------------------------------------------------------------
@@ -110,6 +115,8 @@ class WebSocketConnection:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return f"closed with {message.get('code')}"
+            if not self.binding.admit_event():
+                continue
             event = self.binding.parse(message.get("text") or message.get("bytes") or b"")
             if event is not None:
                 await self.binding.handle(event)

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,12 +42,12 @@ class Caller:
 
     kind = "webrtc"
 
-    def __init__(self, pipeline: ModelPipeline, eagerness: str = "auto") -> None:
+    def __init__(self, pipeline: ModelPipeline, eagerness: str = "auto", **defaults: Any) -> None:
         self.events: list[dict] = []
         self.clock = 0.0
         self.track = OutboundAudioTrack(clock=lambda: self.clock)
         self.session = Session("sess_semantic", self, PacedPlayout(self.track), pipeline,
-                               SessionDefaults(), ["default"], "toy")
+                               SessionDefaults(**defaults), ["default"], "toy")
         td = replace(TurnDetection(), type="semantic_vad", eagerness=eagerness)
         self.session.reconfigure(replace(self.session.config, turn_detection=td))
         self.ms = 0  # audio fed so far
@@ -190,3 +191,38 @@ async def test_the_words_of_the_pause_hold_an_unfinished_turn_and_the_adopted_an
         assert done["response"]["status"] == "completed"
         assert done["response"]["output"][0]["content"][0]["transcript"] == "Paris."
         await c.session.close()
+
+
+async def test_kept_model_state_continues_through_an_aborted_and_an_adopted_speculation() -> None:
+    """With keep_model_state, the answer begun in a mid-sentence pause continues the kept
+    conversation and its abort leaves it as it was; the adopted one's audio is the turn's, so the
+    next turn continues the same conversation (nothing closed, no fresh prefill)."""
+    pipeline = ScriptedPipeline()
+    caller = Caller(pipeline, eagerness="high", keep_model_state=True)
+
+    async def answered_turn(audio: np.ndarray, turn: int) -> None:
+        # No transcript: the presets that keep model state (Qwen3-Omni) do not transcribe.
+        await caller.feed(audio)
+        while len(caller.committed_at) < turn:
+            await caller.silence(20)
+        pipeline.push(text="Sure.", audio=np.full(RATE // 10, 0.1, np.float32), sample_rate=RATE)
+        pipeline.end()
+        while [e["type"] for e in caller.events].count("response.done") < turn:
+            await caller.silence(20)
+
+    order = speech_with_pauses(("I would like to order a large pizza with", "mushrooms and olives."),
+                               (900,), pad_before_s=0.3, pad_after_s=0.0)
+    await answered_turn(order, 1)
+    await answered_turn(speech("What is the capital of France?", 16000, 0.3, 0.0), 2)
+    first, adopted, second = pipeline.requests[0], pipeline.requests[1], pipeline.requests[-1]
+    assert pipeline.aborted[:1] == [first.request_id]
+    conversation = first.params["conversation_id"]
+    assert adopted.params["conversation_id"] == second.params["conversation_id"] == conversation
+    assert pipeline.closed_conversations == []
+    # The second turn's request extends the adopted one's messages with its answer and the turn.
+    messages = second.inputs["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[:2] == adopted.inputs["messages"]
+    assert messages[1]["audio"] is adopted.inputs["messages"][-1]["audio"]
+    await caller.session.close()
+    assert pipeline.closed_conversations == [conversation]

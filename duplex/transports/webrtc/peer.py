@@ -36,7 +36,7 @@ from aiortc.sdp import SessionDescription
 from duplex.media.paced_track import OpusPacketTrack, OutboundAudioTrack
 from duplex.media.resample import FrameResampler
 from duplex.transports.webrtc.ice import IcePolicy
-from duplex.transports.webrtc.sdp import SdpError, validate_offer
+from duplex.transports.webrtc.sdp import SdpError, plan_answer
 
 EVENTS_CHANNEL = "oai-events"
 INBOUND_RATE = 16000
@@ -91,11 +91,15 @@ class CallPeer:
     async def answer(self, offer_sdp: str) -> str:
         """Take the client's offer, return the answer SDP (candidates included: no trickle).
 
+        Sections beyond the call's one audio stream and events channel are rejected in the answer
+        (port 0) and never reach aiortc, so no track, receiver or frame queue exists for them.
         Raises :class:`SdpError` for an offer that cannot be answered; the peer is then closed.
         """
         try:
-            validate_offer(offer_sdp)
-            offer = RTCSessionDescription(self._policy.filter_candidates(offer_sdp), "offer")
+            plan = plan_answer(offer_sdp)
+            if plan.rejected:
+                self._log.info("rejecting offered sections: %s", ", ".join(plan.rejected_kinds))
+            offer = RTCSessionDescription(self._policy.filter_candidates(plan.offer), "offer")
             await self._pc.setRemoteDescription(offer)
             sender = self._pc.addTrack(self.outbound)
             self._policy.restrict(self._pc)
@@ -103,6 +107,7 @@ class CallPeer:
             if _sends_opus(self._pc.localDescription.sdp):
                 # Before any frame is sent: the sender starts reading once ICE and DTLS are up.
                 sender.replaceTrack(OpusPacketTrack(self.outbound))
+            answer = plan.complete(self._pc.localDescription.sdp)
         except SdpError:
             await self.close("rejected")
             raise
@@ -110,7 +115,7 @@ class CallPeer:
             await self.close("rejected")
             raise SdpError(f"cannot answer this offer: {exc}") from exc
         self._log.info("answered offer")
-        return self._pc.localDescription.sdp
+        return answer
 
     def send_event(self, event: dict[str, Any]) -> None:
         """Send a JSON event to the client, now or as soon as the events channel opens."""

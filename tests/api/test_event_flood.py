@@ -1,0 +1,114 @@
+"""A client flooding the server with events (tens of thousands of bad ones, as fast as it can) gets
+``rate_limited`` errors up to a bound and is then closed (WebSocket: 1008 with a reason; WebRTC: the
+call ends), while another session on the same server still has its turn answered. A real server
+of its own (no API key, so harness.calls opens WebRTC calls as they are), a raw websockets flooder,
+the openai SDK for the well-behaved client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from duplex.transports.binding import EVENT_BURST, EVENT_RATE, FLOODING, MAX_RATE_ERRORS
+from duplex.transports.websocket import CLOSE_POLICY_VIOLATION
+from harness.calls import open_call
+from harness.server import ServerProcess, run_server, write_preset
+from tests.api.helpers import PIPELINE, SHORT_ANSWER, eventually, realtime, user_text
+
+log = logging.getLogger(__name__)
+
+FLOOD = 20_000
+BAD_EVENT = json.dumps({"type": "no.such.event"})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("flood")
+    with run_server(write_preset(tmp / "preset.yaml", pipeline=PIPELINE), tmp=tmp) as running:
+        yield running
+
+
+def rate_limited(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "error" and e["error"]["code"] == "rate_limited"]
+
+
+def error_bound(seconds: float) -> float:
+    """The most errors a flood of ``seconds`` can earn: its burst and refill handled (each a bad
+    event's error), then the rate-limit errors."""
+    return EVENT_BURST + EVENT_RATE * seconds + MAX_RATE_ERRORS
+
+
+async def read_all(ws: ClientConnection, received: list[dict[str, Any]], first: asyncio.Event) -> None:
+    """Every event until the server closes the connection."""
+    try:
+        async for message in ws:
+            received.append(json.loads(message))
+            if received[-1]["type"] == "error":
+                first.set()
+    except ConnectionClosed:
+        pass
+
+
+async def flood(ws: ClientConnection) -> None:
+    """Send FLOOD bad events, or as many as go before the server closes the connection."""
+    try:
+        for _ in range(FLOOD):
+            await ws.send(BAD_EVENT)
+    except ConnectionClosed:
+        log.info("the server closed the flooding connection mid-flood")
+
+
+async def answered_turn(server: ServerProcess) -> str:
+    """A well-behaved session's whole turn: an item, then a response; the response's status."""
+    async with realtime(server) as rt:
+        await rt.wait("session.created")
+        await rt.connection.conversation.item.create(item=user_text("What time is it?"))
+        await rt.connection.response.create(response={"max_output_tokens": SHORT_ANSWER})
+        return (await rt.wait("response.done")).response.status
+
+
+async def test_a_websocket_flood_is_closed_with_1008_and_others_are_served(server: ServerProcess) -> None:
+    ws_url = server.url.replace("http", "ws", 1) + "/v1/realtime?model=gpt-realtime"
+    received: list[dict[str, Any]] = []
+    first_error = asyncio.Event()
+    async with connect(ws_url, max_queue=None) as ws:
+        started = time.monotonic()
+        reader = asyncio.create_task(read_all(ws, received, first_error))
+        flooding = asyncio.create_task(flood(ws))
+        await first_error.wait()  # the flood is being handled: now the other session's turn
+        assert await answered_turn(server) == "completed"
+        await asyncio.wait_for(asyncio.gather(reader, flooding), 30)
+        elapsed = time.monotonic() - started
+    assert (ws.close_code, ws.close_reason) == (CLOSE_POLICY_VIOLATION, FLOODING)
+    assert len(rate_limited(received)) == MAX_RATE_ERRORS
+    errors = [e for e in received if e["type"] == "error"]
+    assert len(errors) <= error_bound(elapsed), (len(errors), elapsed)
+    log.info("%d errors in %.1f s before the 1008 close", len(errors), elapsed)
+
+
+async def test_a_data_channel_flood_ends_the_call_and_others_are_served(server: ServerProcess) -> None:
+    """The call ends at once, so the events still in its outbound buffer (the errors) are lost
+    with it: the client sees some errors and the server's end of the call, not all of them."""
+    call = await open_call(server)
+    started = time.monotonic()
+    try:
+        for _ in range(FLOOD):
+            call.peer.channel.send(BAD_EVENT)
+        await call.wait_event("error")  # the flood is being handled: now the other session's turn
+        assert await answered_turn(server) == "completed"
+        await eventually(lambda: server.metric("duplex_sessions_active", {"transport": "webrtc"}) == 0,
+                         "the flooding call to end")
+        errors = [e for e in call.events() if e["type"] == "error"]
+        assert 0 < len(errors) <= error_bound(time.monotonic() - started)
+        call_id = call.path.rsplit("/", 1)[1]
+        assert f"[{call_id}] peer closed ({FLOODING})" in server.log()
+    finally:
+        await call.peer.close()
