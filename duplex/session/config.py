@@ -20,9 +20,11 @@ class SessionConfig:
     model speaks for it. ``max_output_tokens`` None is ``"inf"`` (the preset's caps still apply).
 
     Applied: instructions, voice, output_modalities, max_output_tokens, turn_detection, formats,
-    tools and tool_choice (function calls). Recorded and echoed only (the model has no such knob):
-    transcription (the model's own recognition of each turn is reported whenever it gives one),
-    noise_reduction, speed, tracing, include, truncation, prompt."""
+    tools and tool_choice (function calls), transcription (presets whose model does not transcribe
+    run their recognition stage only when it is set, or under semantic_vad; a model that
+    transcribes anyway reports every turn; its model name is recorded, not chosen). Recorded and
+    echoed only (the model has no such knob): noise_reduction, speed, tracing, include,
+    truncation, prompt."""
 
     instructions: str
     voice: str

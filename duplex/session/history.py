@@ -33,6 +33,7 @@ class Item:
     spoken_ms: int | None = None
     truncated_at_ms: int | None = None
     speaks: bool = False  # an answer of the model's with audio (its content is output_audio)
+    transcribed: bool = False  # ``text`` is a recogniser's transcript of ``audio``
     # Function calling: a call of the model's (role assistant) or its result (role user), with
     # ``call``'s name and arguments (JSON text), or the output the client sent.
     call: FunctionCall | None = None
@@ -117,7 +118,8 @@ class History:
 
     def messages(self, instructions: str | None, pending: Item | None = None) -> list[dict[str, Any]]:
         """The model's input (OmniRequest.inputs["messages"]), newest audio first in the budget;
-        ``pending`` is answered as if it were the newest item (a turn not yet committed)."""
+        ``pending`` is answered as if it were the newest item (a turn not yet committed). A turn
+        heard as audio whose transcript is known carries it as ``transcript``, not ``text``."""
         budget = self._max_audio_s
         kept: list[dict[str, Any]] = []
         items = self.items if pending is None else [*self.items, pending]
@@ -132,6 +134,10 @@ class History:
                 else:
                     budget -= seconds
                     message["audio"], message["sample_rate"] = item.audio, item.sample_rate
+                    if item.transcribed:
+                        # The model hears the audio; its transcript rides along for models that
+                        # read text only (and is the turn's text once the audio leaves the budget).
+                        message["text"], message["transcript"] = None, text
             if message["text"] is None and message["audio"] is None:
                 continue
             kept.append(message)

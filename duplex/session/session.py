@@ -401,6 +401,11 @@ class Session:
         }
         if spec.tools and spec.tool_choice != "none":
             params["tools"], params["tool_choice"] = list(spec.tools), spec.tool_choice
+        td = self.config.turn_detection
+        if self.config.transcription is not None or (td is not None and td.type == "semantic_vad"):
+            # Presets whose model does not transcribe run their recogniser only when asked: for
+            # the client, or for semantic_vad's words cue.
+            params["transcribe"] = True
         return params
 
     def start_response(self, turn_end_at: float | None = None, spec: ResponseSpec | None = None,
@@ -463,7 +468,7 @@ class Session:
         user = self.history.last_user_before(response.item.id)
         if user is None:
             return
-        user.text = transcript
+        user.text, user.transcribed = transcript, True
         seconds = len(user.audio) / user.sample_rate if user.audio is not None and user.sample_rate else 0.0
         self.send(event("conversation.item.input_audio_transcription.completed", item_id=user.id,
                         content_index=0, transcript=transcript,

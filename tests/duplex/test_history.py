@@ -1,4 +1,4 @@
-"""What a truncated assistant turn keeps of its text."""
+"""What a truncated assistant turn keeps of its text, and what the model gets of each turn."""
 
 from __future__ import annotations
 
@@ -42,3 +42,22 @@ def test_messages_keep_newest_audio_within_the_budget_and_the_instructions_first
     audio = [m for m in messages if m["audio"] is not None]
     assert len(audio) == 1  # only the newest second of user audio fits 1.5 s
     assert messages[-1]["text"] == "hi"
+
+
+def test_a_transcribed_turn_is_heard_as_audio_and_read_as_text_once_its_audio_is_gone() -> None:
+    """The transcript rides beside the audio (a model that hears audio must not read the turn
+    twice, nor see a kept prompt change when the transcript arrives); it is the turn's text once
+    the audio leaves the budget."""
+    import numpy as np
+
+    history = History(max_audio_s=1.5)
+    old = history.add(Item("u0", "user", audio=np.zeros(16000, np.float32), sample_rate=16000))
+    new = history.add(Item("u1", "user", audio=np.zeros(16000, np.float32), sample_rate=16000))
+    before = history.messages(None)
+    for item, words in ((old, "an old question"), (new, "a new question")):
+        item.text, item.transcribed = words, True
+    first, second = history.messages(None)
+    assert first == {"role": "user", "text": "an old question", "audio": None, "sample_rate": None}
+    assert second["text"] is None and second["transcript"] == "a new question"
+    assert second["audio"] is new.audio
+    assert [m["text"] for m in before] == [None]  # before: the old turn's audio was simply dropped

@@ -1,5 +1,6 @@
-"""The default CPU preset end to end: the real Qwen3-Omni classes (tiny random weights) answer a
-WebRTC call with speech-level audio, and a barge-in clears every stage."""
+"""The tiny Qwen3-Omni preset end to end: the real Qwen3-Omni classes (tiny random weights) answer a
+WebRTC call with speech-level audio, the transcription stage beside them writes down what the user
+said (the session asked for input transcription), and a barge-in clears every stage."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from harness.calls import (
 )
 from harness.server import ServerProcess, run_server, write_preset
 from harness.speech import speech
+from harness.wer import wer
 
-STAGES = ["preprocessing", "audio_encoder", "thinker", "decode", "talker", "code2wav"]
+STAGES = ["preprocessing", "audio_encoder", "thinker", "decode", "talker", "code2wav", "transcribe"]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,12 @@ def set_answer_tokens(call: Call, tokens: int | str) -> None:
 
 async def test_tiny_qwen_answers_and_is_interrupted(server: ServerProcess) -> None:
     call = await open_call(server)
-    set_answer_tokens(call, 16)
+    call.peer.send({"type": "session.update", "session": {
+        "max_output_tokens": 16, "audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
     await call.wait_event("session.updated")
     await call.mic.say(speech(QUESTION, 48000, 0.3, 0.0))
+    heard = await call.wait_event("conversation.item.input_audio_transcription.completed")
+    assert wer(QUESTION, heard["transcript"]) <= 0.3, heard
     done = await call.wait_event("response.done")
     assert done["response"]["status"] == "completed", done
     assert done["response"]["output"][0]["content"][0]["transcript"]

@@ -129,6 +129,13 @@ def test_only_user_audio_without_text_is_transcribed(
         "input_transcript": "heard 1",
     }
     assert _run(recognizer, [{"role": "user", "text": "hi"}])["input_transcript"] is None
+    # A turn the session already has a transcript of is not recognised again.
+    out = _run(recognizer, [
+        {"role": "user", "text": None, "transcript": "known", "audio": audio, "sample_rate": 16000},
+        {"role": "user", "text": None, "audio": audio, "sample_rate": 16000},
+    ])
+    assert out["messages"] == [{"role": "user", "text": "known"}, {"role": "user", "text": "heard 2"}]
+    assert fake.calls == 2
 
 
 def test_long_speech_goes_through_whisper_s_own_30_s_windows(recognizer) -> None:

@@ -128,4 +128,4 @@ def test_streamed_text_and_audio_equal_generate(
     audio = np.concatenate(got.audio)
     assert audio.shape == ref.waveform.shape
     assert rel_l2(audio, ref.waveform) <= 1e-4
-    assert got.finals == {"decode", "code2wav"}
+    assert got.finals == {"decode", "code2wav", "transcribe"}

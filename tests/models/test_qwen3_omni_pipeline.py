@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from harness.speech import speech
+from harness.wer import wer
 from pipeline.coordinator import Coordinator, PipelineError
 from pipeline.models import StageContext
 from pipeline.models.qwen3_omni.preprocess import Preprocessor
@@ -67,7 +69,7 @@ def assert_equals_reference(chunks: list[OutputChunk], ref: ReferenceOutput) -> 
     audio = np.concatenate([c.data["audio"] for c in chunks if "audio" in c.data])
     assert audio.shape == ref.waveform.shape
     assert rel_l2(audio, ref.waveform) <= 1e-4
-    assert sorted(c.stage for c in chunks if c.final) == ["code2wav", "decode"]
+    assert sorted(c.stage for c in chunks if c.final) == ["code2wav", "decode", "transcribe"]
 
 
 async def chunks_until(stream: AsyncIterator[OutputChunk], key: str, count: int) -> list[OutputChunk]:
@@ -159,7 +161,7 @@ async def test_text_only_requests_skip_the_talker(
     tokens = [t for c in outcome.chunks for t in c.data.get("token_ids", [])]
     assert tokens == references[base_id(request)].tokens
     assert outcome.audio.size == 0
-    assert sorted(outcome.finals) == ["code2wav", "decode"]
+    assert sorted(outcome.finals) == ["code2wav", "decode", "transcribe"]
     await wait_clear(coordinator)
 
 
@@ -186,3 +188,19 @@ async def test_voices(
     assert_equals_reference(other.chunks, chelsie)
     assert chelsie.tokens == references["audio16k"].tokens
     assert not torch.equal(chelsie.codes, references["audio16k"].codes)
+
+
+async def test_the_transcribe_stage_writes_down_the_turn_only_when_asked(coordinator: Coordinator) -> None:
+    """Qwen3-Omni hears the user without writing it down: Whisper tiny.en beside the thinker
+    does, for requests that ask (a session with input transcription or semantic_vad)."""
+    said = "What time does the store open tomorrow?"
+    messages = {"messages": [user(audio=speech(said), rate=16000)]}
+    asked = await collect(coordinator, OmniRequest(f"transcribed-{next(_round)}", messages,
+                                                   {"transcribe": True, "max_output_tokens": 2}))
+    (transcript,) = [c.data["input_transcript"] for c in asked.chunks if "input_transcript" in c.data]
+    assert wer(said, transcript) <= 0.2, transcript
+    plain = await collect(coordinator, OmniRequest(f"untranscribed-{next(_round)}", messages,
+                                                   {"max_output_tokens": 2}))
+    assert not [c for c in plain.chunks if "input_transcript" in c.data]
+    assert sorted(plain.finals) == ["code2wav", "decode", "transcribe"]
+    await wait_clear(coordinator)

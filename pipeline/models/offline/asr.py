@@ -1,10 +1,15 @@
 """The ``asr`` stage: speech recognition with faster-whisper, the entry of the offline model set.
 
-It validates the request's messages and turns every user message that has audio and no text into
-text (normally only the last one: the session keeps transcripts in its history). It passes on text
-only, so nothing large travels further: ``{"messages": [{"role", "text"}], "input_transcript"}``,
-where ``input_transcript`` is the recognised text of the last message, or None when that message
-came as text. Stateless: nothing is kept between items (``simple`` scheduler).
+It validates the request's messages and turns every user message that has audio and neither text
+nor a ``transcript`` into text (normally only the last one: the session keeps transcripts in its
+history). It passes on text only, so nothing large travels further: ``{"messages": [{"role",
+"text"}], "input_transcript"}``, where ``input_transcript`` is the recognised text of the last
+message, or None when that message came as text. Stateless: nothing is kept between items
+(``simple`` scheduler).
+
+:class:`TurnTranscriber` is the same recogniser as a stage beside a model that hears audio but
+does not write down what it heard (Qwen3-Omni's ``transcribe`` stage): it transcribes the clip
+its feeder hands it (``transcribe_audio``, 16 kHz) and answers ``{"input_transcript": text}``.
 """
 
 from __future__ import annotations
@@ -159,7 +164,8 @@ class Recognizer:
         out: list[dict[str, str]] = []
         transcript: str | None = None
         for index, message in enumerate(messages):
-            role, text = message.get("role"), message.get("text")
+            # A turn the session already has a transcript of is not recognised again.
+            role, text = message.get("role"), message.get("text") or message.get("transcript")
             if role not in ROLES:
                 raise RequestError(
                     rid, f"messages[{index}].role must be one of {ROLES}, got {role!r}"
@@ -190,3 +196,25 @@ class Recognizer:
             "request %s: message %d transcribed (%.1f s): %r", rid, index, audio.size / rate, text
         )
         return text
+
+
+class TurnTranscriber:
+    """BatchRunner of a ``transcribe`` stage beside another model (module doc): one answer per
+    item, ``{}`` when the item brings no clip (the request did not ask, or its turn was text)."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        self._transcriber = Transcriber(
+            asr_model_dir(str(ctx.stage.options.get("asr", "packaged"))), threads=ctx.stage.threads
+        )
+
+    def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
+        return [self._one(item.payload.request_id, item.payload.data) for item in batch]
+
+    def _one(self, rid: str, data: dict[str, Any]) -> dict[str, Any]:
+        clip = data.get("transcribe_audio")
+        if clip is None:
+            return {}
+        text = self._transcriber.transcribe(np.asarray(clip, dtype=np.float32), WHISPER_RATE)
+        log.info("request %s: the user's turn transcribed (%.1f s): %r", rid,
+                 len(clip) / WHISPER_RATE, text)
+        return {"input_transcript": text}

@@ -15,6 +15,9 @@ Stages (runner names; the presets ``configs/qwen3_omni*.yaml`` wire them):
 - ``talker`` (ar): codec frames (code predictor per frame) from the thinker's stream, exactly as
   ``generate`` builds them; frame cap tied to the text length.
 - ``code2wav`` (vocoder, terminal): exact streaming with carried state -> ``{"audio", "sample_rate"}``.
+- ``transcribe`` (simple, terminal, beside the rest, fed by preprocessing): the user's turn as
+  text, for requests that ask (``params["transcribe"]``) -> ``{"input_transcript"}`` (Whisper
+  tiny.en from the offline model set).
 
 The factories import their runner modules when called: importing this package (which the registry
 does to discover models) stays cheap, and only stage processes pay for transformers' model code.
@@ -66,6 +69,14 @@ def make_code2wav(ctx: StageContext) -> Any:
     return Code2Wav(ctx)
 
 
+def make_transcribe(ctx: StageContext) -> Any:
+    # The offline model set's recogniser (Whisper tiny.en): Qwen3-Omni hears the user but does
+    # not write down what it heard.
+    from pipeline.models.offline.asr import TurnTranscriber
+
+    return TurnTranscriber(ctx)
+
+
 def merge_thinker_inputs(parts: dict[str, StagePayload]) -> StagePayload:
     """Fan-in for the thinker: the prompt ids from preprocessing, the audio embeddings from the
     audio encoder (empty when the request has no audio)."""
@@ -87,6 +98,7 @@ SPEC = register(
             "decode": make_decode,
             "talker": make_talker,
             "code2wav": make_code2wav,
+            "transcribe": make_transcribe,
         },
         merges={"thinker_inputs": merge_thinker_inputs},
         output_sample_rate=OUTPUT_SAMPLE_RATE,

@@ -8,10 +8,12 @@ Audio at any rate from 8 kHz to 192 kHz is resampled to the feature extractor's 
 than the stage's ``max_audio_seconds`` (default 120) is refused.
 
 Request params read here: ``voice`` (``default`` or a speaker of the checkpoint, checked early so
-a request fails before the thinker runs) and ``modalities`` (subset of ``["text", "audio"]``).
+a request fails before the thinker runs), ``modalities`` (subset of ``["text", "audio"]``) and
+``transcribe`` (hand the last user turn's audio to the ``transcribe`` stage).
 
 Output data: ``input_ids`` (1-D long tensor, one ``<|audio_pad|>`` per audio frame of the encoder),
-and with audio ``input_features`` / ``feature_attention_mask`` (one row per clip). The runner is
+with audio ``input_features`` / ``feature_attention_mask`` (one row per clip), and when asked and
+the last message is a user turn heard as audio only, ``transcribe_audio`` (its 16 kHz clip). The runner is
 stateless: nothing outlives ``run``.
 """
 
@@ -97,6 +99,10 @@ class Preprocessor:
             out["input_features"] = feats["input_features"]
             out["feature_attention_mask"] = mask
         out["input_ids"] = torch.tensor(ids, dtype=torch.long)
+        last = inputs["messages"][-1]
+        if params.get("transcribe") and last.get("role") == "user" and last.get("audio") is not None \
+                and not last.get("text"):
+            out["transcribe_audio"] = clips[-1]
         return out
 
     def _check_params(self, rid: str, params: dict[str, Any]) -> None:
