@@ -8,8 +8,8 @@
  * It does not own the microphone stream: the page opened it and stops it.
  */
 import {
-  CALLS_PATH, MESSAGES, authHeaders, callIdFromLocation, describeHttpError, describeUnreachable,
-  hangupPath,
+  CALLS_PATH, ICE_SERVERS_PATH, MESSAGES, authHeaders, callIdFromLocation, describeHttpError,
+  describeUnreachable, hangupPath,
 } from './protocol.js';
 
 /** A call that could not start; its message is meant for the user. */
@@ -21,6 +21,8 @@ const GATHERING_TIMEOUT_MS = 3000;
 const ANSWER_TIMEOUT_MS = 15000;
 // ICE over a reachable path takes well under a second; past this the path is not there.
 const CONNECT_TIMEOUT_MS = 15000;
+// The ICE server list is a small JSON answer; a server that cannot give it soon offers none.
+const ICE_SERVERS_TIMEOUT_MS = 5000;
 
 function gatheringComplete(pc) {
   return new Promise((resolve) => {
@@ -37,6 +39,23 @@ function gatheringComplete(pc) {
     pc.addEventListener('icegatheringstatechange', check);
     check();
   });
+}
+
+/**
+ * The STUN/TURN servers the server offers (its --ice-server), in RTCIceServer shape; none when it
+ * offers none or cannot say (an older server, another Realtime server): never a public server.
+ */
+async function offeredIceServers(apiKey) {
+  try {
+    const response = await fetch(ICE_SERVERS_PATH, {
+      headers: authHeaders(apiKey), signal: AbortSignal.timeout(ICE_SERVERS_TIMEOUT_MS),
+    });
+    if (!response.ok) return [];
+    const body = await response.json();
+    return Array.isArray(body?.ice_servers) ? body.ice_servers : [];
+  } catch {
+    return [];
+  }
 }
 
 /** POSTs the offer; returns the answer SDP and the call id, or throws a CallError for the user. */
@@ -67,8 +86,8 @@ async function exchangeOffer(offerSdp, apiKey) {
  * Resolves to {send(event), replaceTrack(track), hangup()}; rejects with a CallError.
  */
 export async function startCall({ stream, apiKey, onEvent, onOpen, onRemoteStream, onEnd }) {
-  // No ICE servers: never a public STUN server implicitly (the server is reachable directly).
-  const pc = new RTCPeerConnection({ iceServers: [] });
+  // The server's own STUN/TURN servers, if it has any: never a public STUN server implicitly.
+  const pc = new RTCPeerConnection({ iceServers: await offeredIceServers(apiKey) });
   let ended = false;
   let connectTimer = null;
   let callId = null;

@@ -4,6 +4,8 @@
  */
 
 export const CALLS_PATH = '/v1/realtime/calls';
+// The server's STUN/TURN servers (its --ice-server), for callers beyond its LAN.
+export const ICE_SERVERS_PATH = '/v1/realtime/ice_servers';
 
 export const MESSAGES = Object.freeze({
   insecureContext: 'This page cannot use a microphone here: open it over https, or on localhost.',

@@ -10,6 +10,7 @@ def routers() -> list[APIRouter]:
         chat_completions,
         client_secrets,
         health,
+        ice_servers,
         models,
         realtime_calls,
         realtime_ws,
@@ -17,4 +18,4 @@ def routers() -> list[APIRouter]:
     )
 
     return [health.router, realtime_calls.router, realtime_ws.router, chat_completions.router,
-            twilio.router, models.router, client_secrets.router]
+            twilio.router, models.router, client_secrets.router, ice_servers.router]

@@ -175,7 +175,7 @@ class SessionBinding:
         """Handle one client event now; an unexpected failure becomes an ``error`` event."""
         try:
             await self.events.handle(message)
-        except Exception:  # noqa: BLE001 - one bad event must not end the session or the server
+        except Exception:  # one bad event must not end the session or the server
             kind = message.get("type")
             self.log.exception("event %r failed", kind)
             self.session.send(error_event("the server failed to handle this event", "server_error",

@@ -17,7 +17,7 @@ from aiortc import RTCSessionDescription
 from duplex.app_state import AppState
 from duplex.serve import create_app
 from duplex.settings import load_preset
-from duplex.transports.webrtc.ice import IcePolicy
+from duplex.transports.webrtc.ice import IcePolicy, parse_ice_server
 from harness.mic import ScriptedMic
 from harness.peers import ClientPeer
 from harness.server import write_preset
@@ -79,6 +79,26 @@ async def test_api_key_guards_calls_but_not_health(tmp_path: Path) -> None:
         assert (await http.get("/metrics", headers={"Authorization": "Bearer sesame"})).status_code == 200
         assert (await http.get("/healthz")).status_code == 503  # open, and the pipeline is not loaded
         assert (await http.get("/")).status_code == 200
+
+
+async def test_the_ice_servers_are_offered_to_the_servers_callers_only(tmp_path: Path) -> None:
+    """``--ice-server`` is offered to the browser page (GET /v1/realtime/ice_servers, RTCIceServer
+    shape, TURN credentials included) behind the API key; without one, no server at all."""
+    path = write_preset(tmp_path / "preset.yaml", api_key="sesame")
+    preset = load_preset(["--config", str(path)], environ={})
+    servers = ("turn:caller:s3cret@relay.example:3478?transport=udp", "stun:stun.example:3478")
+    app = create_app(preset, IcePolicy(tuple(parse_ice_server(s) for s in servers), ("127.0.0.1",)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duplex") as http:
+        assert (await http.get("/v1/realtime/ice_servers")).status_code == 401
+        offered = await http.get("/v1/realtime/ice_servers", headers={"Authorization": "Bearer sesame"})
+        assert offered.json() == {"ice_servers": [
+            {"urls": ["turn:relay.example:3478?transport=udp"], "username": "caller", "credential": "s3cret"},
+            {"urls": ["stun:stun.example:3478"]},
+        ]}
+    bare = create_app(load_preset(["--config", str(write_preset(tmp_path / "bare.yaml"))], environ={}),
+                      IcePolicy(hosts=("127.0.0.1",)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=bare), base_url="http://127.0.0.1") as http:
+        assert (await http.get("/v1/realtime/ice_servers")).json() == {"ice_servers": []}
 
 
 async def test_ended_calls_leave_no_objects_behind(app_state: tuple[httpx.AsyncClient, AppState]) -> None:

@@ -251,3 +251,38 @@ def test_a_conversation_draws_states_transcript_truncation_and_latency(page: Pag
     expect(root).not_to_have_attribute("data-state", "thinking")
     expect(root).to_have_attribute("data-connection", "closed")
     expect(page.locator("#transcript li")).to_have_count(2)  # the transcript stays after hanging up
+
+
+def test_the_servers_ice_servers_reach_the_peer_connection(browser: Browser) -> None:
+    """A server with --ice-server offers its TURN relay (GET /v1/realtime/ice_servers); the page
+    gives it, credentials and all, to its RTCPeerConnection. Without the endpoint (every other
+    test here: a 404) the page uses none."""
+    page, page_errors = open_page(browser)
+    page.add_init_script("""
+        const Native = window.RTCPeerConnection;
+        window.__iceConfigs = [];
+        window.RTCPeerConnection = function (config) {
+          window.__iceConfigs.push(JSON.parse(JSON.stringify(config.iceServers)));
+          return new Native(config);
+        };
+        window.RTCPeerConnection.prototype = Native.prototype;
+    """)
+    page.reload()
+    offered = [{"urls": ["turn:127.0.0.1:9?transport=udp"], "username": "caller", "credential": "s3cret"}]
+    asked: list[str | None] = []
+
+    def ice_servers(route: Route) -> None:
+        asked.append(route.request.headers.get("authorization"))
+        route.fulfill(status=200, content_type="application/json", body=json.dumps({"ice_servers": offered}))
+
+    page.route("**/v1/realtime/ice_servers", ice_servers)
+    page.route(CALLS, lambda route: route.fulfill(status=503, content_type="application/json",
+                                                  body=error_body("busy")))
+    page.locator("details.settings summary").click()
+    page.get_by_label("API key").fill("sk-test")
+    page.get_by_role("button", name="Connect").click()
+    expect_failure(page, "HTTP 503")
+    assert asked == ["Bearer sk-test"]
+    assert page.evaluate("window.__iceConfigs") == [offered]
+    page.context.close()
+    assert page_errors == [], page_errors

@@ -81,10 +81,10 @@ class IcePolicy:
         for line in sdp.splitlines(keepends=True):
             fields = line.split()
             # a=candidate:<foundation> <component> <transport> <priority> <address> <port> ...
-            if line.startswith("a=candidate:") and len(fields) > 4:
-                if not self.allows_remote(fields[4]):
-                    logger.info("ignoring remote ICE candidate on %s", fields[4])
-                    continue
+            if (line.startswith("a=candidate:") and len(fields) > 4
+                    and not self.allows_remote(fields[4])):
+                logger.info("ignoring remote ICE candidate on %s", fields[4])
+                continue
             kept.append(line)
         return "".join(kept)
 
