@@ -69,6 +69,11 @@ class PipelineConfig(BaseModel):
     stages: list[StageConfig] = Field(min_length=1)
     max_in_flight: int = Field(default=16, ge=1)
     abort_timeout_s: float = Field(default=5.0, gt=0)
+    stream_idle_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="a request that yields nothing for this long fails (a stalled stage) and is "
+        "aborted everywhere: no client waits forever and no stage keeps its state",
+    )
     restart_delay_s: float = Field(
         default=0.5, gt=0, description="first delay before a dead stage process is started again"
     )

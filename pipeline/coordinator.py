@@ -173,7 +173,9 @@ class Coordinator:
         """Submit ``request`` and yield its terminal stages' chunks in order.
 
         Ends when every terminal stage completed, or quietly when the request is aborted; raises
-        PipelineError when a stage failed it. Leaving the iteration early aborts the request.
+        PipelineError when a stage failed it, or when it yielded nothing for
+        ``stream_idle_timeout_s`` (then it is aborted everywhere). Leaving the iteration early
+        aborts the request.
         """
         rid = request.request_id
         if self._broken is not None:
@@ -194,7 +196,13 @@ class Coordinator:
         self._endpoint.send(self.config.entry, Submit(payload, COORDINATOR))
         try:
             while True:
-                item = await flight.chunks.get()
+                try:
+                    item = await asyncio.wait_for(flight.chunks.get(), self.config.stream_idle_timeout_s)
+                except TimeoutError:
+                    idle = self.config.stream_idle_timeout_s
+                    log.warning("request %s: no output for %g s: aborting it everywhere", rid, idle)
+                    raise PipelineError("pipeline", f"no output for {idle:g} s (a stage stalled); "
+                                        "the request was aborted") from None
                 if item is None:
                     return
                 if isinstance(item, PipelineError):

@@ -147,3 +147,21 @@ async def test_a_killed_stage_process_fails_requests_with_a_clear_error() -> Non
         stats = await coordinator.stage_stats()
         assert set(stats) == {"thinker", "decode", "talker", "code2wav"}
         assert all(s.live_requests == 0 for s in stats.values()), stats
+
+
+@pytest.mark.parametrize("mode", ["inproc", "process"])
+async def test_a_stalled_stage_fails_the_stream_and_is_cleared_everywhere(mode: str) -> None:
+    """A thinker step that takes 3 s (a hung kernel, a deadlock) against a 0.5 s idle timeout: the
+    stream fails with a clear error instead of hanging, and the abort leaves no stage holding it."""
+    stalled = toy_config({"thinker": {"step_delay_s": 3.0}}, stream_idle_timeout_s=0.5)
+    async with running(stalled, mode) as coordinator:
+        answer = asyncio.create_task(collect(coordinator, make_request(turn("are you there"))))
+        # The thinker holds the request (inside its step) when the stream gives up on it.
+        while (await coordinator.stage_stats())["thinker"].live_requests == 0 and not answer.done():
+            await asyncio.sleep(0.02)
+        assert not answer.done()
+        with pytest.raises(PipelineError, match=r"no output for 0.5 s"):
+            await answer
+        # The abort reached the thinker after its step, and every stage let go.
+        await wait_clear(coordinator)
+        assert coordinator.requests_in_flight == 0
