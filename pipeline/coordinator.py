@@ -197,7 +197,10 @@ class Coordinator:
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(flight.chunks.get(), self.config.stream_idle_timeout_s)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                    # that lands as the item arrives, and a cancelled consumer must stop.
+                    async with asyncio.timeout(self.config.stream_idle_timeout_s):
+                        item = await flight.chunks.get()
                 except TimeoutError:
                     idle = self.config.stream_idle_timeout_s
                     log.warning("request %s: no output for %g s: aborting it everywhere", rid, idle)
@@ -384,12 +387,16 @@ class Coordinator:
             flight.finished = True
             flight.outcome = "failed"
             flight.chunks.put_nowait(PipelineError(source, error))
-        # The other stages may still hold the request (a fan-in buffer would wait forever): clear
-        # them like an abort. Broadcast now, not in the task: the stream may end first and its
-        # ended id would make a later abort() a no-op.
+        self.conversations.end(rid, "failed", None)
+        self._abort_everywhere(rid)
+
+    def _abort_everywhere(self, rid: str) -> None:
+        """Clear a failed request from every live stage, like an abort (the others may still hold
+        it: a fan-in buffer, a talker waiting for text, would wait forever), and await the acks in
+        the background. Broadcast now, not in the task: the stream may end first and its ended id
+        would make a later abort() a no-op."""
         if rid not in self._aborts:
             self._broadcast_abort(rid)
-        self.conversations.end(rid, "failed", None)
         task = asyncio.get_running_loop().create_task(self.abort(rid))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -422,7 +429,8 @@ class Coordinator:
                 done.set_result(None)
 
     def on_stage_crashed(self, stage: str, error: str) -> None:
-        """A stage is gone: fail everything in flight, refuse new requests, stop waiting for it.
+        """A stage is gone: fail everything in flight (and clear it from the surviving stages),
+        refuse new requests, stop waiting for it.
 
         The runner may restart the stage; its Ready then heals the pipeline (``_on_recovered``).
         """
@@ -434,11 +442,14 @@ class Coordinator:
         self.conversations.on_crash(stage)
         for rid, flight in list(self._flights.items()):
             self._casualties.add(rid)
-            if not flight.finished:
+            failed = not flight.finished
+            if failed:
                 flight.finished = True
                 flight.outcome = "failed"
                 flight.chunks.put_nowait(self._broken)
             self.conversations.end(rid, "failed", None)
+            if failed:
+                self._abort_everywhere(rid)  # the surviving stages may hold it
         for rid in list(self._aborts):
             self._on_ack(rid, stage)
         for token, (waiting, done) in list(self._stats_waiters.items()):

@@ -149,6 +149,26 @@ async def test_a_killed_stage_process_fails_requests_with_a_clear_error() -> Non
         assert all(s.live_requests == 0 for s in stats.values()), stats
 
 
+async def test_a_crash_clears_the_request_from_the_surviving_stages() -> None:
+    """The talker's process dies while the thinker (another process) is 20 s from its cap: the
+    crash fails the request and clears it from the thinker at once, with nobody calling abort."""
+    slow = toy_config({"thinker": {"step_delay_s": 0.05}}, max_in_flight=4)
+    slow = slow.model_copy(update={"stages": [
+        s.model_copy(update={"max_new_tokens": 400}) if s.name == "thinker" else s for s in slow.stages]})
+    async with running(slow, "process") as coordinator:
+        stream = coordinator.stream(make_request(toy_never_stop=True))
+        await asyncio.wait_for(anext(stream), 20)
+        assert (await coordinator.stage_stats())["thinker"].live_requests == 1
+        os.kill(coordinator.stage_pids["talker"], signal.SIGKILL)
+        with pytest.raises(PipelineError, match="exited"):
+            async with asyncio.timeout(20):
+                async for _ in stream:
+                    pass
+        async with asyncio.timeout(5):
+            while (await coordinator.stage_stats())["thinker"].live_requests:
+                await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize("mode", ["inproc", "process"])
 async def test_a_stalled_stage_fails_the_stream_and_is_cleared_everywhere(mode: str) -> None:
     """A thinker step that takes 3 s (a hung kernel, a deadlock) against a 0.5 s idle timeout: the
