@@ -216,8 +216,11 @@ class ClientEvents:
         session.start_response(spec=spec, input_items=items)
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:
-        if not await self.session.cancel_response("client_cancelled"):
-            raise RealtimeError("there is no response in progress", code="response_cancel_not_active")
+        response_id = _field(message, "response_id", str, required=False)
+        if not await self.session.cancel_response("client_cancelled", response_id):
+            raise RealtimeError("there is no response in progress" if response_id is None
+                                else f"no response {response_id!r} in progress",
+                                code="response_cancel_not_active")
 
     async def _output_clear(self, message: dict[str, Any]) -> None:
         self.session.audio.clear()

@@ -101,6 +101,9 @@ class Session:
         self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
         self._decoder = InboundDecoder(self.config.input_format)
         self._response: Response | None = None
+        # Out-of-band, text-only responses (``conversation: "none"``): they run beside the
+        # conversation's response, touch neither its state nor its audio, and leave when done.
+        self._beside: set[Response] = set()
         self._user_item_id: str | None = None
         self._closed = False
         # When each recent chunk of inbound audio arrived: (its end, in samples; monotonic time).
@@ -129,6 +132,8 @@ class Session:
         self._closed = True
         if self._response is not None:
             await self.cancel_response("session_closed")
+        for beside in list(self._beside):
+            await beside.cancel("session_closed")
         self._detector.reset()
         self._judge.forget()
         await self._speculator.close()
@@ -413,11 +418,14 @@ class Session:
                        speculation: Speculation | None = None) -> None:
         """Answer the history (or ``input_items``, the response's own input) as ``spec`` says (the
         session's settings by default), or adopt ``speculation``, the answer begun at the pause
-        where the turn ended. An out-of-band response's item stays out of the history."""
-        if self._response is not None:
-            raise RealtimeError("a response is already in progress",
-                                code="conversation_already_has_active_response")
+        where the turn ended. An out-of-band response's item stays out of the history; one that
+        only writes runs beside whatever else runs (one voice at a time: not one that speaks)."""
         spec = spec or ResponseSpec.of_session(self.config)
+        beside = spec.out_of_band and not spec.speaks
+        if self._response is not None and not beside:
+            raise RealtimeError("a response is already in progress (beside it, only an out-of-band "
+                                "text response may run: conversation \"none\", output_modalities "
+                                "[\"text\"])", code="conversation_already_has_active_response")
         if speculation is not None:
             request, chunks = speculation.request, speculation.adopt()
         else:
@@ -426,8 +434,12 @@ class Session:
         # Added now, so that turns committed meanwhile come after it.
         previous = None if spec.out_of_band else self.add_item(item)
         conversation = None if spec.out_of_band else f"conv_{self.id}"
-        self._response = Response(self, request, item, previous, spec, conversation, turn_end_at,
-                                  {"session_id": self.id}, chunks=chunks)
+        response = Response(self, request, item, previous, spec, conversation, turn_end_at,
+                            {"session_id": self.id}, chunks=chunks)
+        if beside:
+            self._beside.add(response)
+        else:
+            self._response = response
 
     def _request(self, spec: ResponseSpec, input_items: list[Item] | None,
                  pending: Item | None = None) -> OmniRequest:
@@ -446,10 +458,15 @@ class Session:
                 params["conversation_id"] = kept
         return OmniRequest(new_id("req"), {"messages": messages}, params)
 
-    async def cancel_response(self, reason: str) -> bool:
-        """Cancel the response in flight (if any) and wait until its response.done went out."""
+    async def cancel_response(self, reason: str, response_id: str | None = None) -> bool:
+        """Cancel the response in flight (the conversation's, or the one named ``response_id``,
+        which may run beside it) and wait until its response.done went out."""
+        beside = next((r for r in self._beside if r.id == response_id), None)
+        if beside is not None:
+            await beside.cancel(reason)
+            return True
         resp = self._response
-        if resp is None:
+        if resp is None or (response_id is not None and resp.id != response_id):
             return False
         if isinstance(self.barge_in, Cancelling) and self.barge_in.response is resp:
             await resp.cancel(reason)  # already being cancelled: wait for it
@@ -475,6 +492,9 @@ class Session:
                         usage={"type": "duration", "seconds": round(seconds, 3)}))
 
     def on_response_done(self, response: Response) -> None:
+        if response in self._beside:
+            self._beside.discard(response)
+            return
         if self._response is response:
             self._response = None
         if self.state in (State.THINKING, State.SPEAKING):

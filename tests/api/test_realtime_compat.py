@@ -1,7 +1,7 @@
 """What existing Realtime clients send, with the real ``openai`` SDK against a real server (toy
 preset): ``session.update`` applied field by field, ``response.create`` options (null instructions,
-metadata, out-of-band answers, the response's own input, voices), ``conversation.item.retrieve``,
-``input_audio_buffer.commit`` under server_vad."""
+metadata, out-of-band answers, also beside a running answer, the response's own input, voices),
+``conversation.item.retrieve``, ``input_audio_buffer.commit`` under server_vad."""
 
 from __future__ import annotations
 
@@ -124,6 +124,33 @@ async def test_response_create_options(server: ServerProcess) -> None:
         bad = await rt.wait("error", 2)
         assert bad.error.param == "response.audio.output.voice"
         assert len(rt.of("response.created")) == 3
+
+
+async def test_an_out_of_band_text_answer_runs_beside_the_spoken_one(server: ServerProcess) -> None:
+    """A client classifying the conversation while the agent answers (OpenAI's out-of-band
+    responses): the text answer starts and ends while the spoken one streams, and neither touches
+    the other; a second spoken answer is still refused (one voice at a time)."""
+    async with realtime(server) as rt:
+        await rt.wait("session.created")
+        await rt.connection.session.update(session=MANUAL)
+        await rt.wait("session.updated")
+        await rt.connection.conversation.item.create(item=user_text("Tell me a long story."))
+        await rt.connection.response.create(response={})
+        main = (await rt.wait("response.created")).response.id
+        await rt.wait("response.output_audio.delta")  # the spoken answer is streaming
+        await rt.connection.response.create(response={
+            "conversation": "none", "output_modalities": ["text"], "metadata": {"kind": "sentiment"},
+            "input": [user_text("Is the user happy?")], "max_output_tokens": SHORT_ANSWER})
+        side = await rt.wait("response.done")  # the first to end: the side answer
+        assert side.response.id != main and side.response.status == "completed"
+        assert side.response.metadata == {"kind": "sentiment"}
+        await rt.connection.response.create(response={"max_output_tokens": SHORT_ANSWER})
+        refused = await rt.wait("error")
+        assert refused.error.code == "conversation_already_has_active_response"
+        main_done = await rt.wait("response.done", 2)
+        assert main_done.response.id == main and main_done.response.status == "completed"
+        items = [e.item.id for e in rt.of("conversation.item.added")]
+        assert side.response.output[0].id not in items
 
 
 async def test_commit_under_server_vad_ends_the_turn_the_vad_holds(server: ServerProcess) -> None:

@@ -10,6 +10,7 @@ truncation by the exact text each audio chunk voices.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,33 @@ async def test_a_turn_ending_during_the_cancel_is_answered_after_the_truncation(
     heard = messages[-2]["text"]
     assert heard and "Paris is the capital.".startswith(heard.strip()), heard
     pipeline.end()
+    await host.binding.end("test over")
+
+
+async def test_a_side_answer_is_cancelled_by_its_id_while_the_spoken_one_goes_on() -> None:
+    """An out-of-band text answer beside the spoken one: ``response.cancel`` with its id aborts
+    it (and only it) while it is still running; the spoken answer plays to its end."""
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    await ask(host, pipeline)
+    main = pipeline.requests[0].request_id
+    pipeline.push(text="Paris. ", audio=tone(0.5), sample_rate=RATE)
+    host.binding.receive(json.dumps({"type": "response.create", "response": {
+        "conversation": "none", "output_modalities": ["text"]}}))
+    await host.until(lambda: len(pipeline.requests) == 2)
+    side = pipeline.requests[1].request_id
+    pipeline.push(request_id=side, text="The user is curious")
+    side_id = host.of("response.created")[1]["response"]["id"]
+    host.binding.receive(json.dumps({"type": "response.cancel", "response_id": side_id}))
+    await host.until(lambda: len(host.of("response.done")) == 1)
+    done = host.of("response.done")[0]["response"]
+    assert (done["id"], done["status"]) == (side_id, "cancelled")
+    assert pipeline.aborted == [side]
+    pipeline.end(main)
+    while len(host.of("response.done")) < 2:
+        await host.silence(5)
+    assert host.of("response.done")[1]["response"]["status"] == "completed"
+    assert pipeline.aborted == [side]
     await host.binding.end("test over")
 
 
