@@ -56,6 +56,7 @@ from duplex.session.history import History, Item
 from duplex.session.input_buffer import InputBuffer
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.model_state import KeptModelState
+from duplex.session.requests import RequestBuilder
 from duplex.session.response import Response
 from duplex.session.speculation import Speculation, Speculator
 from duplex.session.states import BargeIn, Cancelling, PendingInterruption, SessionTransport, State
@@ -96,6 +97,7 @@ class Session:
         self._detector = TurnDetector(self.config.turn_detection, self._max_turn_ms)
         self._judge = SemanticTurnJudge()
         self._model_state = KeptModelState(pipeline, defaults.keep_model_state)
+        self._requests = RequestBuilder(defaults, self.history, self._model_state)
         self._speculator = Speculator(pipeline, self._judge, self._model_state.withdraw,
                                       {"session_id": session_id})
         self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
@@ -201,7 +203,7 @@ class Session:
     def _speculative_request(self, turn_audio: np.ndarray) -> OmniRequest:
         spec = ResponseSpec.of_session(self.config)
         pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE)
-        return self._request(spec, None, pending)
+        return self._requests.request(self.config, spec, None, pending)
 
     async def settled(self) -> None:
         """Until the end-of-turn model answered for the current pause (tests on virtual time)."""
@@ -398,21 +400,6 @@ class Session:
 
     # --- responses ------------------------------------------------------------------------
 
-    def _params(self, spec: ResponseSpec) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "modalities": ["text", "audio"] if spec.speaks else ["text"],
-            "voice": self.defaults.voice_map.get(spec.voice, spec.voice),
-            "max_output_tokens": spec.max_output_tokens,
-        }
-        if spec.tools and spec.tool_choice != "none":
-            params["tools"], params["tool_choice"] = list(spec.tools), spec.tool_choice
-        td = self.config.turn_detection
-        if self.config.transcription is not None or (td is not None and td.type == "semantic_vad"):
-            # Presets whose model does not transcribe run their recogniser only when asked: for
-            # the client, or for semantic_vad's words cue.
-            params["transcribe"] = True
-        return params
-
     def start_response(self, turn_end_at: float | None = None, spec: ResponseSpec | None = None,
                        input_items: list[Item] | None = None,
                        speculation: Speculation | None = None) -> None:
@@ -429,7 +416,7 @@ class Session:
         if speculation is not None:
             request, chunks = speculation.request, speculation.adopt()
         else:
-            request, chunks = self._request(spec, input_items), None
+            request, chunks = self._requests.request(self.config, spec, input_items), None
         item = Item(new_id("item"), "assistant", speaks=spec.speaks)
         # Added now, so that turns committed meanwhile come after it.
         previous = None if spec.out_of_band else self.add_item(item)
@@ -440,23 +427,6 @@ class Session:
             self._beside.add(response)
         else:
             self._response = response
-
-    def _request(self, spec: ResponseSpec, input_items: list[Item] | None,
-                 pending: Item | None = None) -> OmniRequest:
-        """The request answering the history (or ``input_items``), with ``pending`` as its newest
-        turn (the turn so far, for a speculative answer)."""
-        params = self._params(spec)
-        source = self.history
-        if input_items is not None:
-            source = History(self.defaults.max_input_audio_s)
-            for given in input_items:
-                source.add(given)
-        messages = source.messages(spec.instructions, pending)
-        if input_items is None and not spec.out_of_band:
-            kept = self._model_state.conversation_for(messages)
-            if kept is not None:
-                params["conversation_id"] = kept
-        return OmniRequest(new_id("req"), {"messages": messages}, params)
 
     async def cancel_response(self, reason: str, response_id: str | None = None) -> bool:
         """Cancel the response in flight (the conversation's, or the one named ``response_id``,

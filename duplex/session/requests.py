@@ -1,0 +1,59 @@
+"""What a session asks its model: the pipeline request a response sends.
+
+A :class:`RequestBuilder` belongs to one session and lives as long as it. It turns the history (or
+a response's own input items, or the turn so far for a speculative answer) into the pipeline's
+messages, the response's options into request params, and names the kept conversation the request
+continues (``keep_model_state``). It holds no state of its own: the history and the kept model
+state are the session's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duplex.protocol.events import new_id
+from duplex.protocol.response_create import ResponseSpec
+from duplex.session.config import SessionConfig
+from duplex.session.history import History, Item
+from duplex.session.model_state import KeptModelState
+from duplex.settings import SessionDefaults
+from pipeline.proto import OmniRequest
+
+
+class RequestBuilder:
+    def __init__(self, defaults: SessionDefaults, history: History, model_state: KeptModelState) -> None:
+        self._defaults = defaults
+        self._history = history
+        self._model_state = model_state
+
+    def params(self, config: SessionConfig, spec: ResponseSpec) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "modalities": ["text", "audio"] if spec.speaks else ["text"],
+            "voice": self._defaults.voice_map.get(spec.voice, spec.voice),
+            "max_output_tokens": spec.max_output_tokens,
+        }
+        if spec.tools and spec.tool_choice != "none":
+            params["tools"], params["tool_choice"] = list(spec.tools), spec.tool_choice
+        td = config.turn_detection
+        if config.transcription is not None or (td is not None and td.type == "semantic_vad"):
+            # Presets whose model does not transcribe run their recogniser only when asked: for
+            # the client, or for semantic_vad's words cue.
+            params["transcribe"] = True
+        return params
+
+    def request(self, config: SessionConfig, spec: ResponseSpec, input_items: list[Item] | None,
+                pending: Item | None = None) -> OmniRequest:
+        """The request answering the history (or ``input_items``), with ``pending`` as its newest
+        turn (the turn so far, for a speculative answer)."""
+        params = self.params(config, spec)
+        source = self._history
+        if input_items is not None:
+            source = History(self._defaults.max_input_audio_s)
+            for given in input_items:
+                source.add(given)
+        messages = source.messages(spec.instructions, pending)
+        if input_items is None and not spec.out_of_band:
+            kept = self._model_state.conversation_for(messages)
+            if kept is not None:
+                params["conversation_id"] = kept
+        return OmniRequest(new_id("req"), {"messages": messages}, params)
