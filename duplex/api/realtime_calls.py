@@ -13,6 +13,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from starlette.datastructures import FormData
+from starlette.types import Message
 
 from duplex.api.auth import app_state, request_secret, require_key
 from duplex.api.ephemeral_keys import apply_secret_session
@@ -35,10 +37,7 @@ async def _offer(request: Request) -> tuple[str, dict[str, Any] | None]:
         except UnicodeDecodeError:
             raise APIError(400, "the SDP offer is not UTF-8 text", "invalid_sdp") from None
     if kind == "multipart/form-data":
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", "request_too_large")
-        form = await request.form()
+        form = await _capped_form(request)
         sdp = form.get("sdp")
         if sdp is None:
             raise APIError(400, "the multipart body has no 'sdp' part", "missing_sdp", param="sdp")
@@ -54,6 +53,18 @@ async def _offer(request: Request) -> tuple[str, dict[str, Any] | None]:
         return sdp_text, session
     raise APIError(415, f"unsupported content type {kind or '(none)'!r}: send application/sdp "
                    "or multipart/form-data with 'sdp' and 'session' parts", "unsupported_content_type")
+
+
+async def _capped_form(request: Request) -> FormData:
+    """The multipart form, read with the body cap enforced while it streams (a chunked body
+    declares no length) and at most the two parts the flow has, each capped too."""
+    body = await read_body(request)
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return await Request(request.scope, replay).form(max_files=2, max_fields=2,
+                                                     max_part_size=MAX_BODY_BYTES)
 
 
 @router.post("/v1/realtime/calls", status_code=201)

@@ -5,6 +5,7 @@ transport) with the toy pipeline in-process; the client offers are real aiortc o
 from __future__ import annotations
 
 import asyncio
+import json
 import gc
 import weakref
 from collections.abc import AsyncIterator
@@ -99,6 +100,25 @@ async def test_the_ice_servers_are_offered_to_the_servers_callers_only(tmp_path:
                       IcePolicy(hosts=("127.0.0.1",)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=bare), base_url="http://127.0.0.1") as http:
         assert (await http.get("/v1/realtime/ice_servers")).json() == {"ice_servers": []}
+
+
+async def test_a_multipart_offer_with_a_session_configures_the_call(
+        app_state: tuple[httpx.AsyncClient, AppState]) -> None:
+    """OpenAI's GA WebRTC flow: ``sdp`` and ``session`` parts in one multipart body (read with
+    the body cap while it streams): the call is answered with the session already configured."""
+    http, state = app_state
+    peer = ClientPeer(ScriptedMic())
+    session = {"type": "realtime", "instructions": "Answer in one word."}
+    answer = await http.post("/v1/realtime/calls", files={
+        "sdp": (None, await peer.offer()), "session": (None, json.dumps(session))})
+    assert answer.status_code == 201, answer.text
+    await peer.pc.setRemoteDescription(
+        RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
+    await peer.wait_for(lambda: any(e["type"] == "session.created" for e in peer.events()))
+    created = next(e for e in peer.events() if e["type"] == "session.created")
+    assert created["session"]["instructions"] == "Answer in one word."
+    await http.delete(answer.headers["location"])
+    await peer.close()
 
 
 async def test_ended_calls_leave_no_objects_behind(app_state: tuple[httpx.AsyncClient, AppState]) -> None:
