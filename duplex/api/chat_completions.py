@@ -44,6 +44,7 @@ from pipeline.coordinator import PipelineError, PipelineOverloaded
 from pipeline.proto import OmniRequest, OutputChunk
 
 log = logging.getLogger(__name__)
+JSON_ON_LOOP_BYTES = 256 << 10  # parsed inline below this (a thread hop costs more)
 router = APIRouter(dependencies=[Depends(require_key)])
 
 AUDIO_TTL_S = 3600  # OpenAI's audio.expires_at; this server keeps nothing, clients only read it
@@ -222,16 +223,27 @@ async def _collect(completion: _Completion, first: OutputChunk | None, stream: _
         await stream.aclose()
 
 
+def _overloaded(message: str) -> APIError:
+    return APIError(503, message, "overloaded", kind="server_error", headers={"Retry-After": "1"})
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state = app_state(request)
     pipeline = require_pipeline(state)
     body = await read_body(request)
     try:
-        payload = json.loads(body)
+        # Megabytes of JSON (base64 audio) take tens of ms to parse: not on the loop that paces
+        # every call's audio.
+        payload = json.loads(body) if len(body) < JSON_ON_LOOP_BYTES \
+            else await asyncio.to_thread(json.loads, body)
     except (ValueError, RecursionError):
         raise APIError(400, "the request body is not valid JSON", "invalid_json") from None
     chat = parse_request(payload, state.settings.voices)
+    if pipeline.requests_in_flight >= pipeline.config.max_in_flight:
+        # Refused before its audio is decoded: an overloaded server does no work for it.
+        raise _overloaded(f"{pipeline.requests_in_flight} requests in flight "
+                          f"(max_in_flight={pipeline.config.max_in_flight})")
     max_audio_s = state.settings.session.max_input_audio_s
     messages = await asyncio.to_thread(model_messages, chat, max_audio_s)
     completion = _Completion(chat, chat.model or state.settings.preset)
@@ -250,8 +262,7 @@ async def chat_completions(request: Request) -> Response:
             log_.info("completion done")
             return JSONResponse(completion.response())
     except PipelineOverloaded as err:
-        raise APIError(503, str(err), "overloaded", kind="server_error",
-                       headers={"Retry-After": "1"}) from None
+        raise _overloaded(str(err)) from None
     except PipelineError as err:
         raise APIError(500, str(err), "pipeline_error", kind="server_error") from None
     except _ClientGone:

@@ -9,6 +9,7 @@ still in flight for a second after its first text: long enough to meet ``max_in_
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 
@@ -92,6 +93,12 @@ async def test_beyond_max_in_flight_is_a_503_with_retry_after(failing: ServerPro
             assert busy.status_code == 200  # committed: in flight until its first frame fails
             refused = await http.post(f"{failing.url}/v1/chat/completions",
                                       json={**BODY, "stream": True})
+            # Refused before its audio is decoded: undecodable audio still gets the 503, not a 400.
+            garbage = {"role": "user", "content": [{"type": "input_audio", "input_audio": {
+                "data": base64.b64encode(b"not a wav file").decode(), "format": "wav"}}]}
+            unread = await http.post(f"{failing.url}/v1/chat/completions",
+                                     json={**BODY, "messages": [garbage]})
         assert refused.status_code == 503
         assert int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["type"] == "server_error"
+        assert unread.status_code == 503, unread.text
