@@ -54,7 +54,6 @@ class Speculation:
         self.request = request
         self.audio = audio  # the turn's audio so far, as the request's last message holds it
         self.pause = pause  # the sample position where the pause that began it started
-        self.started_at = asyncio.get_running_loop().time()
         self._pipeline = pipeline
         self._on_transcript = on_transcript
         self._chunks: asyncio.Queue[OutputChunk | Exception | None] = asyncio.Queue()
