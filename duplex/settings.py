@@ -41,6 +41,9 @@ class SessionDefaults(BaseModel):
     # The model keeps each conversation's state between turns (the pipeline's conversation_id), so
     # a turn computes only what is new; for presets whose model offers it (qwen3_omni).
     keep_model_state: bool = False
+    # semantic_vad begins the answer at each pause and drops it when the user goes on
+    # (duplex/session/speculation.py): faster answers for the CPU of the answers dropped.
+    speculative_start: bool = True
     # Client voice names (OpenAI's) → the preset's voices; the preset file's top-level
     # ``voice_map`` (see ServerSettings), every OpenAI voice it leaves out speaking as its first voice.
     voice_map: dict[str, str] = Field(default_factory=dict)

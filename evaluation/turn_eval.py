@@ -61,7 +61,7 @@ from evaluation.turn_tuning import (
     held_out_check,
     tune,
     tune_all,
-    tune_words_threshold,
+    tune_words,
 )
 from evaluation.turn_utterances import LEAD_S, utterances
 
@@ -151,9 +151,7 @@ def main() -> None:
         rules = tune_all(traces, weights, call_ms)
         print(f"fitted weights (w_model, w_fall, bias) = {weights}")
         if heard:
-            words_threshold = tune_words_threshold(traces, rules, weights, words_ask_ms)
-            rules = {e: dataclasses.replace(r, words_threshold=words_threshold)
-                     for e, r in rules.items()}
+            rules = tune_words(traces, rules, weights, words_ask_ms)
         for e, rule in rules.items():
             print(f"tuned {e}: {rule}")
         held_out_check(traces, weights, call_ms)

@@ -82,17 +82,25 @@ def tune_all(traces: list[Trace], weights: Weights, call_ms: float) -> dict[Eage
     return {Eagerness.LOW: low, Eagerness.MEDIUM: medium, Eagerness.HIGH: high}
 
 
-def tune_words_threshold(traces: list[Trace], rules: dict[Eagerness, Patience], weights: Weights,
-                         ask_ms: float) -> float:
-    """The lowest bar for words that read as finished (in steps of 0.02) with which no eagerness
-    cuts a turn, even were every pause inside a turn ``MARGIN`` times longer."""
-    for threshold in np.arange(0.5, 1.0, 0.02):
-        tried = {e: dataclasses.replace(r, words_threshold=round(float(threshold), 2))
-                 for e, r in rules.items()}
-        if all(replay(traces, r, weights, ask_ms, stretch=MARGIN, with_words=True)["cut_count"] == 0
-               for r in tried.values()):
-            return round(float(threshold), 2)
-    return 1.0
+def tune_words(traces: list[Trace], rules: dict[Eagerness, Patience], weights: Weights,
+               ask_ms: float) -> dict[Eagerness, Patience]:
+    """Each eagerness's bar and hold for words that read as finished: the smallest median latency
+    (then p90) that cuts no turn, even were every pause inside a turn ``MARGIN`` times longer."""
+    tuned = {}
+    for eagerness, rule in rules.items():
+        best: tuple[float, float, Patience] | None = None
+        for threshold in np.arange(0.5, 1.0, 0.02):
+            for hold in range(MIN_SILENCE_MS, rule.hold_ms + 1, 2 * STEP_MS):
+                tried = dataclasses.replace(rule, words_threshold=round(float(threshold), 2),
+                                            words_hold_ms=hold)
+                if replay(traces, tried, weights, ask_ms, stretch=MARGIN, with_words=True)["cut_count"]:
+                    continue
+                result = replay(traces, tried, weights, ask_ms, with_words=True)
+                key = (result["median_ms"], result["p90_ms"])
+                if best is None or key < best[:2]:
+                    best = (*key, tried)
+        tuned[eagerness] = rule if best is None else best[2]
+    return tuned
 
 
 def _ordered(eager: Patience | None, patient: Patience) -> bool:

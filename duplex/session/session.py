@@ -198,7 +198,8 @@ class Session:
         """Whether an answer may begin at a pause (module doc of :mod:`duplex.session.speculation`)."""
         td = self.config.turn_detection
         return (td is not None and td.type == "semantic_vad" and td.create_response
-                and self._response is None and self.barge_in is None and not self._closed)
+                and self.defaults.speculative_start and self._response is None
+                and self.barge_in is None and not self._closed)
 
     def _speculative_request(self, turn_audio: np.ndarray) -> OmniRequest:
         spec = ResponseSpec.of_session(self.config)

@@ -13,8 +13,9 @@ OpenAI's ``semantic_vad`` takes an ``eagerness`` (``low``, ``medium``, ``high``;
    outlasted the mid-sentence pauses of the tuning set (~1 s, the hold), and then the sooner the
    likelier it is.
 4. Where the words of the turn so far are known (:mod:`duplex.turns.transcript_cue`), words that
-   read as finished cap the bar at ``words_threshold``, and words that cannot end a sentence hold
-   the turn until the maximum wait.
+   read as finished cap the bar at ``words_threshold`` and start its fall at ``words_hold_ms``
+   (sooner: a finished sentence seldom goes on after a long pause), and words that cannot end a
+   sentence hold the turn until the maximum wait.
 
 The numbers are tuned by ``python -m evaluation.turn_eval --tune`` on its spoken set: the
 smallest median end-of-speech -> decision time with no decision inside any mid-sentence pause,
@@ -67,22 +68,28 @@ class Patience:
     hold_ms: int  # silence until which the bar stays at ``threshold``
     max_wait_ms: int  # silence at which the turn ends regardless; the bar reaches 0 here
     words_threshold: float = 0.88  # the bar's cap when the words read as finished (see below)
+    words_hold_ms: int = 1088  # and from when the bar falls then, if sooner than ``hold_ms``
 
     def required(self, silence_ms: int, words: Words | None = None) -> float:
         """The probability that ends the turn after ``silence_ms`` of silence, given what the
         words of the turn so far say (None: not known; INCOMPLETE words wait for the maximum)."""
-        if silence_ms <= self.hold_ms:
+        finished = words is Words.COMPLETE
+        hold = min(self.hold_ms, self.words_hold_ms) if finished else self.hold_ms
+        if silence_ms <= hold:
             bar = self.threshold
         else:
-            fraction = (silence_ms - self.hold_ms) / (self.max_wait_ms - self.hold_ms)
-            bar = self.threshold * max(0.0, 1.0 - fraction)
-        return min(bar, self.words_threshold) if words is Words.COMPLETE else bar
+            bar = self.threshold * max(0.0, 1.0 - (silence_ms - hold) / (self.max_wait_ms - hold))
+        return min(bar, self.words_threshold) if finished else bar
 
 
 # The search gave every eagerness the same bar and hold; what differs is how soon the bar reaches
-# zero. 1088 ms: longer than the set's mid-sentence pauses by the search's margin of 30%.
+# zero. 1088 ms: longer than the set's mid-sentence pauses by the search's margin of 30%. With
+# finished words, the bar of medium (and low, which must not be the quicker) starts falling at
+# 640 ms; high's steep fall (to zero at 2 s) cuts mid-sentence pauses if it starts before 1088 ms.
+WORDS_HOLD_MS = {Eagerness.LOW: 640, Eagerness.MEDIUM: 640, Eagerness.HIGH: 1088}
 PATIENCE = {
-    eagerness: Patience(threshold=0.92, hold_ms=1088, max_wait_ms=max_wait)
+    eagerness: Patience(threshold=0.92, hold_ms=1088, max_wait_ms=max_wait, words_threshold=0.88,
+                        words_hold_ms=WORDS_HOLD_MS[eagerness])
     for eagerness, max_wait in MAX_WAIT_MS.items()
 }
 

@@ -226,3 +226,18 @@ async def test_kept_model_state_continues_through_an_aborted_and_an_adopted_spec
     assert messages[1]["audio"] is adopted.inputs["messages"][-1]["audio"]
     await caller.session.close()
     assert pipeline.closed_conversations == [conversation]
+
+
+async def test_without_speculative_start_nothing_is_asked_before_the_decision() -> None:
+    """``speculative_start: false`` (a preset's session default): the model is asked once, after
+    the end-of-turn decision, as under server_vad."""
+    pipeline = ScriptedPipeline()
+    caller = Caller(pipeline, eagerness="high", speculative_start=False)
+    await caller.feed(speech("What is the capital of France?", 16000, 0.3, 0.0))
+    while not caller.committed_at:
+        assert pipeline.requests == []
+        await caller.silence(20)
+    while not pipeline.requests:
+        await caller.silence(20)
+    assert len(pipeline.requests) == 1 and pipeline.aborted == []
+    await caller.session.close()
