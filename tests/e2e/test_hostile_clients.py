@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import websockets
 
+from duplex.transports.binding import EVENT_BURST
 from harness.calls import QUESTION, hang_up, open_call
 from harness.server import ServerProcess, run_server, write_preset
 from harness.speech import speech
@@ -33,10 +34,12 @@ async def test_a_client_that_never_reads_is_ended_and_others_are_served(server: 
     good = await open_call(server)
     # max_queue=1: the client library stops reading the socket at once, like a client that hangs.
     async with websockets.connect(url, max_queue=1) as deaf:
-        update = json.dumps({"type": "session.update", "session": {"instructions": "x" * 30_000}})
+        # Each echo (session.updated) carries the 90 kB instructions: ~90 of them pass the 8 MiB of
+        # unsent events, well before the event rate limit (bursts of 1,000) could end it instead.
+        update = json.dumps({"type": "session.update", "session": {"instructions": "x" * 90_000}})
         ended = False
         async with asyncio.timeout(TIMEOUT):
-            for _ in range(5_000):
+            for _ in range(EVENT_BURST - 100):
                 try:
                     await deaf.send(update)
                 except websockets.ConnectionClosed:
