@@ -85,6 +85,15 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
+    """Lay out ``fig``, write it to ``path`` and free it (every benchmark's plot ends so)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def save_results(name: str, results: Any, plot: Callable[[Any, Path], Any]) -> None:
     """``evaluation/results/<name>.json`` and ``<name>.png`` (drawn by ``plot``); prints both."""
     json_path = write_json(name, results)

@@ -57,6 +57,7 @@ from evaluation.bench_common import (
     format_table,
     machine,
     run_in_loopback_namespace,
+    save_figure,
     save_results,
 )
 from evaluation.proc_cpu import CpuSample
@@ -510,9 +511,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     if profiles:
         _plot_profiles(axes[0][1], profiles)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def _plot_profiles(right: Any, profiles: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import matplotlib
 from transformers.utils import logging as hf_logging
 
-from evaluation.bench_common import ROOT, format_table, machine, save_results
+from evaluation.bench_common import ROOT, format_table, machine, save_figure, save_results
 from harness.speech import speech
 from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
@@ -117,9 +117,7 @@ def plot(results: dict[str, Any], path: Any) -> None:
         ax.set_ylim(bottom=0)
         ax.legend()
     fig.suptitle("tiny Qwen3-Omni (random weights, CPU): one conversation, kept state vs re-sending")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> None:

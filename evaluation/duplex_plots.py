@@ -17,6 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402 - the backend is chosen first
 import numpy as np  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
+from evaluation.bench_common import save_figure
+
 PARTS = ("to_submit", "model_compute", "pipeline_overhead", "to_enqueue", "tick_wait")
 BARGE = ("onset_to_pause", "pause_to_silent_frame", "sent_to_pause", "sent_to_client_silence",
          "abort_to_clear")
@@ -29,9 +31,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     _gaps(axes[1][0], result["ramp"])
     _ramp(axes[1][1], result["ramp"])
     fig.suptitle(f"duplex session server, preset {result['preset']}", fontsize=12)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
     return path
 
 

@@ -13,8 +13,8 @@ from evaluation import duplex_analysis as analysis
 from evaluation.bench_common import format_table, summarize
 from evaluation.duplex_calls import scrape_metrics
 from evaluation.proc_cpu import CpuSample
-from pipeline.config import PipelineConfig
 from harness.server import ServerProcess
+from pipeline.config import PipelineConfig
 
 PACING_BUDGET_MS = 25.0
 STOP_BUDGET_MS = 100.0

@@ -25,7 +25,7 @@ import matplotlib
 import numpy as np
 from prometheus_client import REGISTRY
 
-from evaluation.bench_common import ROOT, format_table, machine, save_results
+from evaluation.bench_common import ROOT, format_table, machine, save_figure, save_results
 from harness.speech import speech
 from harness.wer import wer
 from pipeline.config import parse_pipeline_config, read_yaml
@@ -186,9 +186,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("ms after the request was submitted (end of turn)")
     ax.set_title(f"offline preset, {results['mode']} mode, {results['machine']['cpus']} CPUs")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def main() -> None:

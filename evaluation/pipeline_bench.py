@@ -33,9 +33,11 @@ from evaluation.bench_common import (
     format_table,
     machine,
     run_in_loopback_namespace,
+    save_figure,
     save_results,
 )
 from evaluation.qwen3_load import frames_of, run_level, timed
+from harness.speech import speech
 from pipeline.config import PipelineConfig, parse_pipeline_config, read_yaml
 from pipeline.models import StageContext
 from pipeline.models.qwen3_omni import loading
@@ -45,7 +47,6 @@ from pipeline.models.qwen3_omni.talker import TalkerOptions, step_cap
 from pipeline.proto import StagePayload
 from pipeline.runner import start_pipeline
 from pipeline.scheduling.base import BatchItem
-from harness.speech import speech
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
@@ -147,9 +148,7 @@ def plot(results: dict[str, Any], path: os.PathLike) -> None:
     right.set(xlabel="concurrent requests", ylabel="ms", title="time to first audio")
     right.legend()
     fig.suptitle("tiny Qwen3-Omni (random weights, CPU): pipeline vs generate")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ from evaluation.bench_common import (
     format_table,
     machine,
     run_in_loopback_namespace,
+    save_figure,
     save_results,
     summarize,
 )
@@ -226,8 +227,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     abort_ax.set(title="abort -> every stage acknowledged", xlabel="ms", ylabel="CDF")
     abort_ax.set_xscale("log")
     abort_ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main() -> None:

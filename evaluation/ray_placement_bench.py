@@ -36,6 +36,7 @@ from evaluation.bench_common import (
     format_table,
     machine,
     run_in_loopback_namespace,
+    save_figure,
     save_results,
     summarize,
 )
@@ -229,8 +230,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fronts = results["front_ends"]
     fronts_ax.bar(list(fronts), [d["requests_per_s"] for d in fronts.values()])
     fronts_ax.set(title=f"ray chain throughput, {CLIENTS} clients", ylabel="requests/s")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main() -> None:

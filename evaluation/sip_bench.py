@@ -27,6 +27,7 @@ from evaluation.bench_common import (
     format_table,
     machine,
     run_in_loopback_namespace,
+    save_figure,
     save_results,
     summarize,
 )
@@ -169,8 +170,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("ms")
     ax.set_title("SIP on loopback, toy preset")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path, dpi=100)
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from duplex.media.playout import ClientPlayout
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from duplex.turns.config import TurnDetection
-from evaluation.bench_common import ROOT, format_table, machine, save_results
+from evaluation.bench_common import ROOT, format_table, machine, save_figure, save_results
 from harness.speech import natural_speech
 from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.models.offline.sources import lm_source, prepare_lm
@@ -152,9 +152,7 @@ def plot(results: dict[str, Any], path: Any) -> None:
     ax.set_ylabel("ms after the end of speech (median)")
     ax.set_title("semantic_vad on the offline preset: speculative start")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ from duplex.turns.semantic_policy import (
     patience,
 )
 from duplex.turns.vad import SAMPLE_RATE
-from evaluation.bench_common import format_table, machine, save_results
+from evaluation.bench_common import format_table, machine, save_figure, save_results
 from evaluation.turn_replay import Weights, replay, server_vad
 from evaluation.turn_trace import Trace, trace
 from evaluation.turn_tuning import (
@@ -118,9 +118,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     right.set_xlabel("P(complete) when the model is asked")
     right.set_title("End-of-turn probability per pause")
     right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:
