@@ -12,7 +12,7 @@ from aiortc.mediastreams import AudioStreamTrack
 
 from duplex.transports.webrtc.ice import IcePolicy, _gatherers, parse_ice_server
 from duplex.transports.webrtc.peer import CallPeer
-from duplex.transports.webrtc.sdp import SdpError, validate_offer
+from duplex.transports.webrtc.sdp import SdpError, plan_answer
 from duplex.turns.server_vad import SpeechStarted, SpeechStopped, TurnDetector
 from harness.peers import LOOPBACK, ClientPeer, Recorder
 from harness.speech import read_wav, speech_wav
@@ -48,7 +48,7 @@ def without(sdp: str, prefix: str) -> str:
 
 
 async def test_bad_offers_are_rejected_with_a_clear_reason(good_offer: str) -> None:
-    validate_offer(good_offer)
+    plan_answer(good_offer)
     cases = {
         "": "must start with 'v=0'",
         "hello": "must start with 'v=0'",
@@ -66,7 +66,7 @@ async def test_bad_offers_are_rejected_with_a_clear_reason(good_offer: str) -> N
     }
     for sdp, reason in cases.items():
         with pytest.raises(SdpError, match=reason):
-            validate_offer(sdp)
+            plan_answer(sdp)
 
 
 async def test_answering_a_bad_offer_raises_and_closes_the_peer(good_offer: str) -> None:

@@ -92,9 +92,13 @@ class AnswerPlan:
 
 
 def plan_answer(sdp: str) -> AnswerPlan:
-    """Check an offer (see :func:`validate_offer`) and set apart the sections a call rejects.
+    """Check an SDP offer before aiortc sees it, so that bad input gets a clear error, and set
+    apart the sections a call rejects.
 
-    Kept: the first audio section and the first data-channel section. Rejected: everything else.
+    aiortc's parser accepts almost anything and its failures are assertion errors; this requires
+    what answering needs: an audio section the client sends on, in a codec aiortc decodes, with
+    ICE credentials and a DTLS fingerprint. Kept: the first audio section and the first
+    data-channel section. Rejected: everything else.
     """
     _check_bounds(sdp)
     head, sections = _split(sdp)
@@ -109,16 +113,6 @@ def plan_answer(sdp: str) -> AnswerPlan:
     offer = "\r\n".join(lines) + "\r\n"
     _check_audio(offer)
     return AnswerPlan(offer, rejected, len(sections))
-
-
-def validate_offer(sdp: str) -> None:
-    """Check an SDP offer before aiortc sees it, so that bad input gets a clear error.
-
-    aiortc's parser accepts almost anything and its failures are assertion errors; this requires
-    what answering needs: an audio section the client sends on, in a codec aiortc decodes, with
-    ICE credentials and a DTLS fingerprint.
-    """
-    plan_answer(sdp)
 
 
 def _check_bounds(sdp: str) -> None:
