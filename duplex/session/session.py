@@ -98,7 +98,7 @@ class Session:
         self._judge = SemanticTurnJudge()
         self._model_state = KeptModelState(pipeline, defaults.keep_model_state)
         self._requests = RequestBuilder(defaults, self.history, self._model_state)
-        self._speculator = Speculator(pipeline, self._judge, self._model_state.withdraw,
+        self._speculator = Speculator(pipeline, self._judge.hear, self._model_state.withdraw,
                                       {"session_id": session_id})
         self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
         self._decoder = InboundDecoder(self.config.input_format)

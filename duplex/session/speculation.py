@@ -37,7 +37,6 @@ import numpy as np
 
 from duplex import metrics
 from duplex.session.model_pipeline import ModelPipeline
-from duplex.turns.semantic import SemanticTurnJudge
 from duplex.turns.semantic_policy import MIN_SILENCE_MS
 from duplex.turns.server_vad import TurnDetector
 from pipeline.coordinator import PipelineError, PipelineOverloaded
@@ -102,10 +101,10 @@ class Speculation:
 class Speculator:
     """One session's speculative answers (module doc): at most one, for the current pause."""
 
-    def __init__(self, pipeline: ModelPipeline, judge: SemanticTurnJudge,
+    def __init__(self, pipeline: ModelPipeline, on_transcript: Callable[[int, str], None],
                  on_withdrawn: Callable[[], None], log_extra: dict[str, str]) -> None:
         self._pipeline = pipeline
-        self._judge = judge
+        self._on_transcript = on_transcript  # (the pause, the words heard up to it)
         self._on_withdrawn = on_withdrawn
         self._log_extra = log_extra
         self._current: Speculation | None = None
@@ -126,7 +125,7 @@ class Speculator:
             self._last_pause = detector.pause_start
             audio = detector.turn_audio()
             self._current = Speculation(self._pipeline, request_for(audio), audio,
-                                        detector.pause_start, self._judge.hear, self._log_extra)
+                                        detector.pause_start, self._on_transcript, self._log_extra)
 
     def take(self) -> Speculation | None:
         """The speculation for the turn that just ended in its pause (to adopt), if any."""
