@@ -45,6 +45,10 @@ SPECULATIVE_RESPONSES_TOTAL = Counter(
 )
 for _outcome in ("adopted", "aborted"):
     SPECULATIVE_RESPONSES_TOTAL.labels(_outcome)
+BACKCHANNELS_TOTAL = Counter(
+    "duplex_backchannels_total",
+    "Speech over the agent recognised as a backchannel (\"mhm\", \"yeah\"): the agent went on",
+)
 
 for _transport in TRANSPORTS:
     SESSIONS_ACTIVE.labels(_transport)

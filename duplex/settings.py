@@ -44,6 +44,10 @@ class SessionDefaults(BaseModel):
     # semantic_vad begins the answer at each pause and drops it when the user goes on
     # (duplex/session/speculation.py): faster answers for the CPU of the answers dropped.
     speculative_start: bool = True
+    # Speech over the agent shorter than this is recognised before it interrupts, and a
+    # backchannel ("mhm", "yeah") lets the agent go on (duplex/session/barge_in.py); 0: off, every
+    # speech of interrupt_min_speech_ms interrupts. For presets whose pipeline transcribes.
+    backchannel_max_ms: int = Field(default=0, ge=0, le=3000)
     # Client voice names (OpenAI's) → the preset's voices; the preset file's top-level
     # ``voice_map`` (see ServerSettings), every OpenAI voice it leaves out speaking as its first voice.
     voice_map: dict[str, str] = Field(default_factory=dict)

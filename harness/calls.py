@@ -112,6 +112,14 @@ async def wait_stages_idle(server: ServerProcess, stages: list[str] = TOY_STAGES
         await asyncio.sleep(0.25)  # the gauges arrive with the stages' periodic stats
 
 
+async def wait_metric(server: ServerProcess, name: str, at_least: float) -> None:
+    """Until the server's metric ``name`` (no labels) reaches ``at_least``."""
+    deadline = asyncio.get_running_loop().time() + TIMEOUT
+    while (value := server.metric(name)) < at_least:
+        assert asyncio.get_running_loop().time() < deadline, (name, value)
+        await asyncio.sleep(0.05)
+
+
 def audible_seconds(call: Call, since: float = 0.0) -> float:
     """Agent audio received so far (frames with signal), in seconds."""
     return sum(len(s) for t, s, _ in call.peer.frames if t >= since and np.abs(s).max() > 0.02) / 48000

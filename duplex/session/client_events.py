@@ -112,7 +112,7 @@ class ClientEvents:
     async def _item_create(self, message: dict[str, Any]) -> None:
         item = self._item(_field(message, "item", dict), "item")
         self._check_caps(item)
-        self.session.create_item(item)
+        self.session.conversation.create(item)
         self._created.add(item.id)
 
     def _check_caps(self, item: Item) -> None:
@@ -201,10 +201,10 @@ class ClientEvents:
             raise RealtimeError(f"no assistant item {item_id!r}", code="item_not_found", param="item_id")
         if audio_end_ms < 0:
             raise RealtimeError("audio_end_ms must not be negative", param="audio_end_ms")
-        self.session.truncate(item, audio_end_ms)
+        self.session.conversation.truncate(item, audio_end_ms)
 
     async def _item_delete(self, message: dict[str, Any]) -> None:
-        self.session.delete_item(_field(message, "item_id", str))
+        self.session.conversation.delete(_field(message, "item_id", str))
 
     async def _response_create(self, message: dict[str, Any]) -> None:
         session = self.session

@@ -39,6 +39,7 @@ from duplex.protocol.events import (
     usage_object,
 )
 from duplex.protocol.response_create import ResponseSpec
+from duplex.session.conversation import Conversation
 from duplex.session.history import FunctionCall, Item
 from duplex.session.model_pipeline import ModelPipeline
 from pipeline.coordinator import PipelineError, PipelineOverloaded
@@ -69,12 +70,9 @@ class ResponseHost(Protocol):
     def on_response_done(self, response: Response) -> None:
         """``response.done`` went out: the response holds nothing any more."""
 
-    def add_item(self, item: Item) -> str | None:
-        """Append ``item`` to the conversation; returns the id of the item before it."""
-
-    def withdraw_item(self, item: Item) -> None:
-        """Take ``item``, never announced, out of the conversation (an answer that turned out to be
-        a function call only)."""
+    @property
+    def conversation(self) -> Conversation:
+        """Where the response's items go (a function call may take its message item's place)."""
 
 
 async def _no_chunks() -> AsyncIterator[OutputChunk]:
@@ -251,7 +249,7 @@ class Response:
         self._outputs[self.item.id] = len(self._outputs)
         previous = self._previous
         if self.call is not None and self.conversation_id is not None:
-            previous = self.host.add_item(self.item)  # after the call, which took its place
+            previous = self.host.conversation.add(self.item)  # after the call, which took its place
         item = assistant_item(self.item.id, self.speaks, "", "in_progress")
         self.host.send(event("response.output_item.added", response_id=self.id,
                              output_index=self._outputs[self.item.id], item=item))
@@ -282,8 +280,8 @@ class Response:
                        output_index=self._outputs[self.call.id], item=wire))
             if self.conversation_id is not None:
                 if self.item.id not in self._outputs:
-                    self.host.withdraw_item(self.item)  # the call comes first: it takes the place
-                for message in item_added(wire, self.host.add_item(self.call)):
+                    self.host.conversation.withdraw(self.item)  # the call comes first: it takes the place
+                for message in item_added(wire, self.host.conversation.add(self.call)):
                     send(message)
         call = self.call.call
         assert call is not None

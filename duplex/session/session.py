@@ -26,6 +26,10 @@ server paces the audio (WebRTC, SIP):
 3. silence before that (a cough, a click) is a false interruption: the audio resumes where it
    paused and the fragment is discarded.
 
+Where the preset listens for backchannels (``backchannel_max_ms``), speech shorter than that is
+recognised first and the agent goes on after "mhm" or "yeah" as after a cough; only other words,
+or longer speech, confirm the interruption (:mod:`duplex.session.barge_in`).
+
 While the agent's audio is less than ``echo_guard_ms`` old the VAD threshold is raised to
 ``echo_guard_threshold`` so that the agent's own echo does not interrupt it.
 
@@ -40,18 +44,20 @@ import asyncio
 import logging
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from duplex import metrics
 from duplex.media.playout import AgentAudio
-from duplex.protocol.events import RealtimeError, event, item_added, new_id
-from duplex.protocol.items import wire_item
+from duplex.protocol.events import RealtimeError, event, new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.protocol.session_update import session_object
 from duplex.protocol.wire_audio import InboundDecoder
+from duplex.session.barge_in import BackchannelCheck, Step, next_step
 from duplex.session.config import SessionConfig
+from duplex.session.conversation import Conversation
 from duplex.session.history import History, Item
 from duplex.session.input_buffer import InputBuffer
 from duplex.session.model_pipeline import ModelPipeline
@@ -91,6 +97,7 @@ class Session:
         self.model_name = model_name
         self.config = defaults.session_config()
         self.history = History(defaults.max_input_audio_s)
+        self.conversation = Conversation(self.history, self.send)
         self.state = State.LISTENING
         self.barge_in: BargeIn = None
         self.log = logging.LoggerAdapter(log, {"session_id": session_id})
@@ -132,6 +139,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if isinstance(self.barge_in, PendingInterruption) and self.barge_in.check is not None:
+            self.barge_in.check.cancel()
         if self._response is not None:
             await self.cancel_response("session_closed")
         for beside in list(self._beside):
@@ -239,6 +248,9 @@ class Session:
                 and td is not None and td.interrupt_response)
 
     def _on_onset(self, onset: SpeechStarted, received_at: float) -> None:
+        pending = self.barge_in
+        if isinstance(pending, PendingInterruption) and pending.check is not None:
+            self._confirm_interruption(pending)  # speaking again after the fragment: no backchannel
         if not self._agent_interruptible() or self.barge_in is not None:
             self._speech_started(onset.start_ms)
             return
@@ -268,13 +280,37 @@ class Session:
         pending = self.barge_in
         if not isinstance(pending, PendingInterruption):
             return
-        if not self._detector.in_speech:
-            self._false_interruption()
-        elif self._detector.speech_ms >= self.defaults.interrupt_min_speech_ms:
+        step = next_step(self._detector, self.defaults, pending.check is not None)
+        if step is Step.CONFIRM:
             self._confirm_interruption(pending)
-        elif self._detector.silence_ms >= self.defaults.interrupt_min_speech_ms:
-            self._detector.discard_turn()
+        elif step is Step.DISMISS:
+            if self._detector.in_speech:
+                self._detector.discard_turn()
             self._false_interruption()
+        elif step is Step.RECOGNISE:
+            pending.fragment_end = self._detector.pause_start
+            pending.check = BackchannelCheck(
+                self.pipeline, self._backchannel_request(self._detector.turn_audio()),
+                lambda verdict: self._on_backchannel_verdict(pending, verdict), {"session_id": self.id})
+
+    def _backchannel_request(self, fragment: np.ndarray) -> OmniRequest:
+        spec = replace(ResponseSpec.of_session(self.config), output_modalities=("text",),
+                       max_output_tokens=1, tools=(), out_of_band=True)
+        item = Item(new_id("item"), "user", audio=fragment, sample_rate=SAMPLE_RATE)
+        request = self._requests.request(self.config, spec, [item])
+        request.params["transcribe"] = True
+        return request
+
+    def _on_backchannel_verdict(self, pending: PendingInterruption, backchannel: bool | None) -> None:
+        if self.barge_in is not pending or self._closed:
+            return
+        went_on = self._detector.in_speech and self._detector.pause_start > pending.fragment_end
+        if not backchannel or went_on:
+            self._confirm_interruption(pending)
+            return
+        if pending.stopped is None:
+            self._detector.discard_turn()
+        self._false_interruption()
 
     def _false_interruption(self) -> None:
         self.barge_in = None
@@ -284,6 +320,8 @@ class Session:
     def _confirm_interruption(self, pending: PendingInterruption) -> None:
         resp = self._response
         self.barge_in = None
+        if pending.check is not None:
+            pending.check.cancel()
         metrics.BARGE_INS_TOTAL.inc()
         self.log.info("interruption confirmed; the user heard %d ms", pending.heard_ms)
         self._speech_started(pending.onset_ms)
@@ -293,6 +331,8 @@ class Session:
         self.audio.resume()
         self._begin_cancel(resp, pending.heard_ms)
         asyncio.get_running_loop().create_task(self._finish_cancel("turn_detected"))
+        if pending.stopped is not None:
+            self._on_turn_end(pending.stopped)  # the fragment is the next turn: answered after the cancel
 
     def _begin_cancel(self, resp: Response, heard_ms: int | None) -> Cancelling:
         if not isinstance(self.barge_in, Cancelling) or self.barge_in.response is not resp:
@@ -306,21 +346,20 @@ class Session:
         try:
             await cancelling.response.cancel(reason, cancelling.heard_ms)
             if cancelling.heard_ms is not None:
-                self.truncate(cancelling.response.item, cancelling.heard_ms)
+                self.conversation.truncate(cancelling.response.item, cancelling.heard_ms)
         finally:
             if self.barge_in is cancelling:
                 self.barge_in = None
         if cancelling.deferred_turn_end is not None and not self._closed and self._response is None:
             self.start_response(turn_end_at=cancelling.deferred_turn_end)
 
-    def truncate(self, item: Item, audio_end_ms: int) -> None:
-        self.history.truncate(item, audio_end_ms)
-        self.send(event("conversation.item.truncated", item_id=item.id, content_index=0,
-                        audio_end_ms=audio_end_ms))
-
     def _on_turn_end(self, stop: SpeechStopped) -> None:
-        if isinstance(self.barge_in, PendingInterruption):
-            self._false_interruption()
+        pending = self.barge_in
+        if isinstance(pending, PendingInterruption):
+            if pending.check is None:
+                self._false_interruption()
+            else:
+                pending.stopped = stop  # its words decide what the turn was
             return
         item_id = self._user_item_id or new_id("item")
         self._user_item_id = None
@@ -342,7 +381,8 @@ class Session:
         self.log.info("the caller pressed %s", digit)
         self.send(event("input_audio_buffer.dtmf_event_received", event=digit,
                         received_at=int(time.time())))
-        self.create_item(Item(new_id("item"), "user", text=f"(The caller pressed {digit} on the keypad.)"))
+        self.conversation.create(Item(new_id("item"), "user",
+                                     text=f"(The caller pressed {digit} on the keypad.)"))
 
     # --- user items -----------------------------------------------------------------------
 
@@ -367,37 +407,8 @@ class Session:
         self._detector.discard_turn()
 
     def commit_user_audio(self, item_id: str, audio: np.ndarray) -> None:
-        item = Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE)
-        previous = self.add_item(item)
+        self.conversation.commit_user_audio(Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE))
         self.state = State.THINKING
-        self.send(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
-        self._announce_item(item, previous)
-
-    def add_item(self, item: Item) -> str | None:
-        """Append ``item`` to the history; returns the id of the item before it."""
-        previous = self.history.last_id
-        self.history.add(item)
-        return previous
-
-    def withdraw_item(self, item: Item) -> None:
-        """Take a response's unannounced item out of the history (a function call took its place)."""
-        self.history.remove(item.id)
-
-    def create_item(self, item: Item) -> None:
-        """``conversation.item.create``: a client's item, added and announced."""
-        if self.history.get(item.id) is not None:
-            raise RealtimeError(f"item id {item.id!r} already exists", param="item.id")
-        self._announce_item(item, self.add_item(item))
-
-    def delete_item(self, item_id: str) -> None:
-        if not self.history.remove(item_id):
-            raise RealtimeError(f"no item {item_id!r}", code="item_not_found", param="item_id")
-        self.send(event("conversation.item.deleted", item_id=item_id))
-
-    def _announce_item(self, item: Item, previous: str | None) -> None:
-        wire = wire_item(item)
-        for message in [*item_added(wire, previous), event("conversation.item.done", item=wire)]:
-            self.send(message)
 
     # --- responses ------------------------------------------------------------------------
 
@@ -420,7 +431,7 @@ class Session:
             request, chunks = self._requests.request(self.config, spec, input_items), None
         item = Item(new_id("item"), "assistant", speaks=spec.speaks)
         # Added now, so that turns committed meanwhile come after it.
-        previous = None if spec.out_of_band else self.add_item(item)
+        previous = None if spec.out_of_band else self.conversation.add(item)
         conversation = None if spec.out_of_band else f"conv_{self.id}"
         response = Response(self, request, item, previous, spec, conversation, turn_end_at,
                             {"session_id": self.id}, chunks=chunks)

@@ -7,7 +7,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from duplex.session.barge_in import BackchannelCheck
 from duplex.session.response import Response
+from duplex.turns.server_vad import SpeechStopped
 
 
 class SessionTransport(Protocol):
@@ -25,10 +27,15 @@ class State(enum.StrEnum):
 
 @dataclass
 class PendingInterruption:
-    """Speech over the agent, not yet confirmed; ``heard_ms`` is what was played before the pause."""
+    """Speech over the agent, not yet confirmed; ``heard_ms`` is what was played before the pause.
+    While its words are recognised (``check``), ``fragment_end`` is where the fragment ended (in
+    samples) and ``stopped`` the turn end that came meanwhile, if any."""
 
     onset_ms: int
     heard_ms: int
+    check: BackchannelCheck | None = None
+    fragment_end: int = 0
+    stopped: SpeechStopped | None = None
 
 
 @dataclass

@@ -265,7 +265,7 @@ async def test_kept_model_state_follows_the_conversation_and_is_cut_to_what_was_
     pipeline.end()
     await host.until(lambda: host.session.response is None)
     # Deleting an earlier item is an edit the kept state cannot follow: a new conversation.
-    host.session.delete_item(host.session.history.items[0].id)
+    host.session.conversation.delete(host.session.history.items[0].id)
     await host.feed(speech("And now?", 16000, 0.3, 0.0))
     await host.silence(30)
     await host.until(lambda: len(pipeline.requests) == 3)

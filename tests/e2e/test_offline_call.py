@@ -16,6 +16,7 @@ from harness.calls import (
     audible_seconds,
     hang_up,
     open_call,
+    wait_metric,
     wait_stages_idle,
 )
 from harness.server import ServerProcess, run_server, write_preset
@@ -88,5 +89,26 @@ async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent
     assert audible_seconds(call, since=now + 0.2) == 0.0
     # The interruption is the next turn, and it is answered.
     assert (await call.wait_event("response.done", 4))["response"]["status"] == "completed"
+    await hang_up(server, call)
+    await wait_stages_idle(server, STAGES)
+
+
+async def test_a_backchannel_over_the_agent_lets_it_go_on(server: ServerProcess) -> None:
+    """"Yeah." over the answer: the agent goes quiet at once, the server recognises a backchannel,
+    and the same answer goes on to its end; nothing is cancelled and no user turn is added."""
+    call = await open_call(server)
+    backchannels = server.metric("duplex_backchannels_total")
+    await call.mic.say(natural_speech("Please tell me a long story about a brave knight and a dragon.",
+                                      48000, 0.3, 0.0))
+    await call.wait_event("output_audio_buffer.started")
+    await call.peer.wait_for(lambda: audible_seconds(call) >= 1.0)
+    call.mic.say(natural_speech("Yeah.", 48000, 0.0, 0.0))
+    await wait_metric(server, "duplex_backchannels_total", backchannels + 1)
+    resumed_at = audible_seconds(call)
+    await call.peer.wait_for(lambda: audible_seconds(call) >= resumed_at + 1.0)
+    done = await call.wait_event("response.done")
+    assert done["response"]["status"] == "completed", done
+    assert call.types().count("input_audio_buffer.speech_started") == 1
+    assert call.types().count("input_audio_buffer.committed") == 1
     await hang_up(server, call)
     await wait_stages_idle(server, STAGES)

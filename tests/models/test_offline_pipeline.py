@@ -60,7 +60,7 @@ async def test_spoken_question_is_transcribed_before_the_answer(coordinator: Coo
     question = "What is the capital of Japan?"
     chunks = (await collect(coordinator, spoken(question, modalities=["text"]), timeout=60)).chunks
     carrying = [i for i, c in enumerate(chunks) if "input_transcript" in c.data]
-    assert len(carrying) == 1 and chunks[carrying[0]].stage == "lm"
+    assert len(carrying) == 1 and chunks[carrying[0]].stage == "asr"
     first_text = next(i for i, c in enumerate(chunks) if c.data.get("text"))
     assert carrying[0] < first_text
     assert wer(question, chunks[carrying[0]].data["input_transcript"]) <= 0.2

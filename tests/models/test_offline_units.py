@@ -230,8 +230,9 @@ def test_a_hugging_face_folder_serves_with_its_chat_template(
         outputs.append(result)
         if result.finished:
             break
-    assert outputs[0].data == {"input_transcript": "Hi"}
-    assert len(outputs) <= 6 and len(slot.state.ids) <= 5  # the transcript took one step of six
+    # Text only (the asr stage reports the transcript): every step a token, six at most.
+    assert all(set(o.data or {}) <= {"text"} for o in outputs)
+    assert len(outputs) <= 6 and 1 <= len(slot.state.ids) <= 6
     runner.release(slot)
     assert slot.state is None
 

@@ -2,13 +2,14 @@
 
 Stages (runner names; ``configs/offline.yaml`` wires them):
 
-    asr --next--> lm (text terminal) --stream_to--> tts (audio terminal)
+    asr (transcript terminal) --next--> lm (text terminal) --stream_to--> tts (audio terminal)
 
 - ``asr`` (simple, entry): faster-whisper (Whisper tiny.en, CTranslate2 int8) transcribes the user
-  messages that came as audio; passes on the conversation as text (``asr.py``).
+  messages that came as audio; passes on the conversation as text, and its ``input_transcript``
+  goes to the session at once (``asr.py``).
 - ``lm`` (ar): SmolLM2-135M-Instruct on CTranslate2 int8, the model's chat template over the
-  conversation and the request's system instructions; streams ``{"input_transcript"}`` first, then
-  ``{"text": delta}`` per token (``lm.py``).
+  conversation and the request's system instructions; streams ``{"text": delta}`` per token
+  (``lm.py``).
 - ``tts`` (ar): piper (voice "joe", 22.05 kHz) voices the answer clause by clause as it streams in;
   ``{"audio", "sample_rate", "spoken_text"}`` per clause (``tts.py``, ``clauses.py``).
 

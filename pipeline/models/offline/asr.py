@@ -4,7 +4,8 @@ It validates the request's messages and turns every user message that has audio 
 nor a ``transcript`` into text (normally only the last one: the session keeps transcripts in its
 history). It passes on text only, so nothing large travels further: ``{"messages": [{"role",
 "text"}], "input_transcript"}``, where ``input_transcript`` is the recognised text of the last
-message, or None when that message came as text. Stateless: nothing is kept between items
+message, or None when that message came as text. The stage is a terminal too, so the transcript
+reaches the session as soon as it is recognised, whatever the ``lm`` stage is busy with. Stateless: nothing is kept between items
 (``simple`` scheduler).
 
 :class:`TurnTranscriber` is the same recogniser as a stage beside a model that hears audio but

@@ -1,7 +1,7 @@
 """The ``lm`` stage: a small instruction-tuned language model on CTranslate2, streamed per token.
 
-It is the text terminal: its first chunk carries ``{"input_transcript"}`` when the answered turn
-was spoken, then ``{"text": delta}`` per token; the same chunks stream to the ``tts`` stage.
+It is the text terminal: ``{"text": delta}`` per token; the same chunks stream to the ``tts`` stage.
+(The user's words, ``input_transcript``, come from the ``asr`` stage, a terminal too.)
 
 CTranslate2 decodes a request in its own worker thread (``generate_batch(asynchronous=True)``) and
 hands each token to a callback, which puts it on the request's queue; ``step`` takes one token off
@@ -45,8 +45,6 @@ class Generation:
     """One request's decoding: its prompt, the tokens CTranslate2 handed over, the text so far."""
 
     prompt: list[str]
-    transcript: str | None
-    announced: bool = False
     job: Any = None
     steps: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -93,9 +91,7 @@ class LanguageModel:
             raise RequestError(payload.request_id, "no message to answer")
         ids = self._prompt_ids(payload.request_id, messages)
         log.info("request %s: prompt of %d tokens", payload.request_id, len(ids))
-        return Generation(
-            self._tokenizer.convert_ids_to_tokens(ids), payload.data.get("input_transcript")
-        )
+        return Generation(self._tokenizer.convert_ids_to_tokens(ids))
 
     def _prompt_ids(self, rid: str, messages: list[dict[str, str]]) -> list[int]:
         """The chat template over the conversation, oldest turns dropped until it fits."""
@@ -155,11 +151,6 @@ class LanguageModel:
         state: Generation = slot.state
         if state.job is None:
             self._start(slot)
-        if not state.announced and state.transcript is not None:
-            # Its own chunk, before any answer text: the session shows what it heard first.
-            # The decoder is already running meanwhile.
-            state.announced = True
-            return ARStepResult({"input_transcript": state.transcript})
         step = self._next_step(slot)
         if step is None:
             return ARStepResult(None, finished=True)
@@ -179,14 +170,12 @@ class LanguageModel:
             steps.put(step)
             return stop.is_set()
 
-        # The transcript chunk takes one step of the cap: the decoder gets the rest.
-        budget = max(1, slot.cap - (1 if state.transcript is not None else 0))
         state.job = self._generator.generate_batch(
             [state.prompt],
             asynchronous=True,
             beam_size=1,
             sampling_topk=1,
-            max_length=budget,
+            max_length=slot.cap,
             end_token=self._end_ids or None,
             include_prompt_in_result=False,
             repetition_penalty=self._repetition_penalty,
@@ -209,7 +198,7 @@ class LanguageModel:
                     pass
                 try:
                     state.job.result()
-                except Exception as err:  # noqa: BLE001 - the decoder's error fails this request
+                except Exception as err:
                     raise RequestError(slot.request_id, f"language model failed: {err}") from err
                 return None
             if time.monotonic() > deadline:

@@ -1,0 +1,63 @@
+"""A session's conversation as its client sees it: the history, and the event for each change.
+
+Every change to the items a client can see goes through :class:`Conversation`, so that the
+history (what the model is sent) and the events (what the client is told) never disagree: an
+item committed from the user's audio, created by the client, added by a response, withdrawn,
+deleted or truncated to what was heard. It belongs to one Session and lives as long as it; the
+:class:`~duplex.session.history.History` it edits is the session's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from duplex.protocol.events import RealtimeError, event, item_added
+from duplex.protocol.items import wire_item
+from duplex.session.history import History, Item
+
+
+class Conversation:
+    def __init__(self, history: History, send: Callable[[dict[str, Any]], None]) -> None:
+        self.history = history
+        self._send = send
+
+    def add(self, item: Item) -> str | None:
+        """Append ``item`` without announcing it (a response announces its own); returns the id of
+        the item before it."""
+        previous = self.history.last_id
+        self.history.add(item)
+        return previous
+
+    def withdraw(self, item: Item) -> None:
+        """Take a response's unannounced item out again (a function call took its place)."""
+        self.history.remove(item.id)
+
+    def commit_user_audio(self, item: Item) -> None:
+        """A user turn committed from the input audio buffer: added and announced."""
+        previous = self.add(item)
+        self._send(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id))
+        self._announce(item, previous)
+
+    def create(self, item: Item) -> None:
+        """``conversation.item.create``: a client's item (or the server's, e.g. a keypress), added
+        and announced."""
+        if self.history.get(item.id) is not None:
+            raise RealtimeError(f"item id {item.id!r} already exists", param="item.id")
+        self._announce(item, self.add(item))
+
+    def delete(self, item_id: str) -> None:
+        if not self.history.remove(item_id):
+            raise RealtimeError(f"no item {item_id!r}", code="item_not_found", param="item_id")
+        self._send(event("conversation.item.deleted", item_id=item_id))
+
+    def truncate(self, item: Item, audio_end_ms: int) -> None:
+        """Cut an assistant item to the audio the user heard (its text too: see History)."""
+        self.history.truncate(item, audio_end_ms)
+        self._send(event("conversation.item.truncated", item_id=item.id, content_index=0,
+                         audio_end_ms=audio_end_ms))
+
+    def _announce(self, item: Item, previous: str | None) -> None:
+        wire = wire_item(item)
+        for message in [*item_added(wire, previous), event("conversation.item.done", item=wire)]:
+            self._send(message)

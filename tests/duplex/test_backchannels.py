@@ -1,0 +1,142 @@
+"""Backchannels over the agent (duplex/session/barge_in.py) against a scripted pipeline (a fake
+of ``ModelPipeline``, named as such: the test decides what the recogniser heard), with the real
+VAD, espeak speech and the real paced track on a virtual clock.
+
+The agent's audio stops at the onset of any speech over it; then "yeah" lets it go on where it
+paused (no cancel, no user turn), and "stop" interrupts it as before.
+"""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from duplex.turns.backchannel import is_backchannel
+from harness.scripted_pipeline import RATE, ScriptedPipeline
+from harness.speech import speech
+from tests.duplex.test_session_scripted import Host, ask, tone
+
+LONGEST_MS = 900
+
+
+def backchannels_total() -> float:
+    value = REGISTRY.get_sample_value("duplex_backchannels_total")
+    assert value is not None, "duplex_backchannels_total is not exported"
+    return value
+
+
+async def agent_speaking(host: Host, pipeline: ScriptedPipeline) -> str:
+    """A question answered with 4 s of audio, 1.5 s of it played: the answer's request id."""
+    await ask(host, pipeline)
+    answer = pipeline.requests[0].request_id
+    pipeline.push(text="Paris is the capital of France. ", audio=tone(4.0), sample_rate=RATE,
+                  spoken_text="Paris is the capital of France. ")
+    await host.until(lambda: host.track.queued_seconds >= 3.9)
+    await host.silence(75)  # past the echo guard
+    return answer
+
+
+async def fragment_over_agent(host: Host, pipeline: ScriptedPipeline, words: str) -> str:
+    """``words`` spoken over the agent, then silence until their recognition is asked for: the
+    check request's id. The agent's audio is held all the while."""
+    queued = host.track.queued_seconds
+    await host.feed(speech(words, 16000, 0.0, 0.0))
+    await host.silence(15)
+    await host.until(lambda: len(pipeline.requests) == 2)
+    # Only what played before the VAD heard the onset (a few 32 ms windows) left the queue.
+    assert host.track.queued_seconds == pytest.approx(queued, abs=0.2), "the agent's audio went on"
+    return pipeline.requests[1].request_id
+
+
+@pytest.mark.parametrize("words", ["Yeah.", "Mm-hmm.", "Okay, I see.", "Uh-huh, right.", "Uh huh.",
+                                   "Got it."])
+def test_listener_tokens_are_backchannels(words: str) -> None:
+    assert is_backchannel(words)
+
+
+@pytest.mark.parametrize("words", ["", "Stop.", "Wait.", "No.", "Yeah, but", "Okay, stop.", "Right?",
+                                   "Yeah yeah yeah okay right", "What about Spain?", "I", "I see it"])
+def test_other_words_interrupt(words: str) -> None:
+    assert not is_backchannel(words)
+
+
+async def test_a_backchannel_lets_the_agent_go_on_where_it_paused() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline, backchannel_max_ms=LONGEST_MS)
+    answer = await agent_speaking(host, pipeline)
+    before = backchannels_total()
+    check = await fragment_over_agent(host, pipeline, "Yeah.")
+    request = pipeline.requests[1]
+    # The check hears the fragment alone, out of the conversation, and asks for its words.
+    assert request.params["transcribe"] and request.params["modalities"] == ["text"]
+    assert "conversation_id" not in request.params
+    assert [m["role"] for m in request.inputs["messages"] if m["role"] != "system"] == ["user"]
+    queued = host.track.queued_seconds
+    pipeline.push(request_id=check, input_transcript="Yeah.")
+    await host.until(lambda: backchannels_total() == before + 1)
+    await host.silence(25)
+    assert host.track.queued_seconds < queued - 0.4, "the agent's audio did not resume"
+    types = host.types()
+    assert "input_audio_buffer.speech_started" not in types[types.index("response.created"):]
+    assert "response.done" not in types and answer not in pipeline.aborted
+    pipeline.end(answer)
+    while "response.done" not in host.types():
+        await host.silence(10)
+    assert host.of("response.done")[0]["response"]["status"] == "completed"
+    assert [i.role for i in host.session.history.items] == ["user", "assistant"]
+    await host.binding.end("test over")
+
+
+async def test_words_that_are_no_backchannel_interrupt_and_become_the_next_turn() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline, backchannel_max_ms=LONGEST_MS)
+    answer = await agent_speaking(host, pipeline)
+    check = await fragment_over_agent(host, pipeline, "Stop.")
+    pipeline.push(request_id=check, input_transcript="Stop.")
+    await host.until(lambda: answer in pipeline.aborted)
+    await host.silence(30)
+    await host.until(lambda: len(pipeline.requests) == 3)
+    types = host.types()
+    assert host.of("response.done")[0]["response"]["status"] == "cancelled"
+    assert "conversation.item.truncated" in types
+    started = host.of("input_audio_buffer.speech_started")[-1]
+    assert started["audio_start_ms"] < host.of("input_audio_buffer.speech_stopped")[-1]["audio_end_ms"]
+    # The fragment is the user's next turn, answered after the truncated answer.
+    roles = [m["role"] for m in pipeline.requests[2].inputs["messages"] if m["role"] != "system"]
+    assert roles == ["user", "assistant", "user"]
+    pipeline.end()
+    await host.binding.end("test over")
+
+
+async def test_speech_longer_than_a_backchannel_interrupts_without_asking() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline, backchannel_max_ms=LONGEST_MS)
+    answer = await agent_speaking(host, pipeline)
+    await host.feed(speech("Wait, stop, I have another question about that.", 16000, 0.0, 0.0))
+    await host.until(lambda: answer in pipeline.aborted)
+    assert len(pipeline.requests) == 1, "a fragment too long to be a backchannel was recognised"
+    assert host.of("response.done")[0]["response"]["status"] == "cancelled"
+    await host.binding.end("test over")
+
+
+async def test_a_fragment_whose_words_never_come_interrupts() -> None:
+    """A pipeline that does not transcribe answers the check without ``input_transcript``."""
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline, backchannel_max_ms=LONGEST_MS)
+    answer = await agent_speaking(host, pipeline)
+    check = await fragment_over_agent(host, pipeline, "Yeah.")
+    pipeline.push(request_id=check, text="w1 ")
+    pipeline.end(check)
+    await host.until(lambda: answer in pipeline.aborted)
+    assert host.of("response.done")[0]["response"]["status"] == "cancelled"
+    await host.binding.end("test over")
+
+
+async def test_without_backchannels_a_word_interrupts_at_once() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    answer = await agent_speaking(host, pipeline)
+    await host.feed(speech("Yeah.", 16000, 0.0, 0.0))
+    await host.until(lambda: answer in pipeline.aborted)
+    assert len(pipeline.requests) == 1, "recognised although backchannels are off"
+    await host.binding.end("test over")
