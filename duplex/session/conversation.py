@@ -57,6 +57,24 @@ class Conversation:
         self._send(event("conversation.item.truncated", item_id=item.id, content_index=0,
                          audio_end_ms=audio_end_ms))
 
+    def transcribed(self, user: Item, transcript: str) -> None:
+        """The recogniser's text of a spoken user turn: kept as its text, and told."""
+        user.text, user.transcribed = transcript, True
+        seconds = len(user.audio) / user.sample_rate if user.audio is not None and user.sample_rate else 0.0
+        # The recogniser writes a turn at once, so its one delta is the whole text (as whisper-1's).
+        self._send(event("conversation.item.input_audio_transcription.delta", item_id=user.id,
+                         content_index=0, delta=transcript))
+        self._send(event("conversation.item.input_audio_transcription.completed", item_id=user.id,
+                         content_index=0, transcript=transcript,
+                         usage={"type": "duration", "seconds": round(seconds, 3)}))
+
+    def not_transcribed(self, user: Item, model_name: str) -> None:
+        """A spoken turn answered without a transcript though the client asked for one."""
+        self._send(event("conversation.item.input_audio_transcription.failed", item_id=user.id,
+                         content_index=0, error={
+                             "type": "transcription_error", "code": "not_transcribed",
+                             "message": f"the {model_name} pipeline did not transcribe this turn"}))
+
     def _announce(self, item: Item, previous: str | None) -> None:
         wire = wire_item(item)
         for message in [*item_added(wire, previous), event("conversation.item.done", item=wire)]:

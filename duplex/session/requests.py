@@ -9,7 +9,10 @@ state are the session's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from duplex.protocol.events import new_id
 from duplex.protocol.response_create import ResponseSpec
@@ -17,6 +20,7 @@ from duplex.session.config import SessionConfig
 from duplex.session.history import History, Item
 from duplex.session.model_state import KeptModelState
 from duplex.settings import SessionDefaults
+from duplex.turns.vad import SAMPLE_RATE
 from pipeline.proto import OmniRequest
 
 
@@ -57,3 +61,18 @@ class RequestBuilder:
             if kept is not None:
                 params["conversation_id"] = kept
         return OmniRequest(new_id("req"), {"messages": messages}, params)
+
+    def speculative(self, config: SessionConfig, turn_audio: np.ndarray) -> OmniRequest:
+        """The answer to the turn so far, begun at a pause (:mod:`duplex.session.speculation`)."""
+        pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE)
+        return self.request(config, ResponseSpec.of_session(config), None, pending)
+
+    def recognition(self, config: SessionConfig, fragment: np.ndarray) -> OmniRequest:
+        """A fragment of speech over the agent, alone and out of the conversation, to be
+        transcribed (:mod:`duplex.session.barge_in`); the answer's one token is thrown away."""
+        spec = replace(ResponseSpec.of_session(config), output_modalities=("text",),
+                       max_output_tokens=1, tools=(), out_of_band=True)
+        item = Item(new_id("item"), "user", audio=fragment, sample_rate=SAMPLE_RATE)
+        request = self.request(config, spec, [item])
+        request.params["transcribe"] = True
+        return request

@@ -44,7 +44,6 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -70,7 +69,6 @@ from duplex.settings import SessionDefaults
 from duplex.turns.semantic import SemanticTurnJudge
 from duplex.turns.server_vad import SpeechStarted, SpeechStopped, TurnDetector
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
-from pipeline.proto import OmniRequest
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +191,8 @@ class Session:
                 stop = self._detector.end_turn()
                 assert stop is not None
                 self._on_turn_end(stop)
-            self._speculator.step(self._detector, self._may_speculate(), self._speculative_request)
+            self._speculator.step(self._detector, self._may_speculate(),
+                                  lambda audio: self._requests.speculative(self.config, audio))
             self._check_interruption()
 
     def _semantic_turn_end(self) -> bool:
@@ -209,11 +208,6 @@ class Session:
         return (td is not None and td.type == "semantic_vad" and td.create_response
                 and self.defaults.speculative_start and self._response is None
                 and self.barge_in is None and not self._closed)
-
-    def _speculative_request(self, turn_audio: np.ndarray) -> OmniRequest:
-        spec = ResponseSpec.of_session(self.config)
-        pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE)
-        return self._requests.request(self.config, spec, None, pending)
 
     async def settled(self) -> None:
         """Until the end-of-turn model answered for the current pause (tests on virtual time)."""
@@ -290,16 +284,8 @@ class Session:
         elif step is Step.RECOGNISE:
             pending.fragment_end = self._detector.pause_start
             pending.check = BackchannelCheck(
-                self.pipeline, self._backchannel_request(self._detector.turn_audio()),
+                self.pipeline, self._requests.recognition(self.config, self._detector.turn_audio()),
                 lambda verdict: self._on_backchannel_verdict(pending, verdict), {"session_id": self.id})
-
-    def _backchannel_request(self, fragment: np.ndarray) -> OmniRequest:
-        spec = replace(ResponseSpec.of_session(self.config), output_modalities=("text",),
-                       max_output_tokens=1, tools=(), out_of_band=True)
-        item = Item(new_id("item"), "user", audio=fragment, sample_rate=SAMPLE_RATE)
-        request = self._requests.request(self.config, spec, [item])
-        request.params["transcribe"] = True
-        return request
 
     def _on_backchannel_verdict(self, pending: PendingInterruption, backchannel: bool | None) -> None:
         if self.barge_in is not pending or self._closed:
@@ -465,15 +451,15 @@ class Session:
     def on_input_transcript(self, response: Response, transcript: str) -> None:
         """The model's recognition of the user's last turn: kept as that item's text."""
         user = self.history.last_user_before(response.item.id)
-        if user is None:
-            return
-        user.text, user.transcribed = transcript, True
-        seconds = len(user.audio) / user.sample_rate if user.audio is not None and user.sample_rate else 0.0
-        self.send(event("conversation.item.input_audio_transcription.completed", item_id=user.id,
-                        content_index=0, transcript=transcript,
-                        usage={"type": "duration", "seconds": round(seconds, 3)}))
+        if user is not None:
+            self.conversation.transcribed(user, transcript)
 
     def on_response_done(self, response: Response) -> None:
+        if response.generation_done and self.config.transcription is not None and not response.spec.out_of_band:
+            # The client asked for transcripts, and the turn was answered without one.
+            user = self.history.last_user_before(response.item.id)
+            if user is not None and user.audio is not None and not user.transcribed:
+                self.conversation.not_transcribed(user, self.model_name)
         if response in self._beside:
             self._beside.discard(response)
             return

@@ -175,6 +175,28 @@ async def test_the_models_transcript_becomes_the_user_turns_text() -> None:
     assert user is not None and user.role == "user" and user.text == event["transcript"]
     assert host.types().index("conversation.item.input_audio_transcription.completed") < \
         host.types().index("response.output_audio_transcript.delta")
+    # One delta, the whole text, just before the completed event (the recogniser writes at once).
+    (delta,) = host.of("conversation.item.input_audio_transcription.delta")
+    assert (delta["item_id"], delta["delta"]) == (user.id, event["transcript"])
+    assert host.types().index(delta["type"]) + 1 == host.types().index(event["type"])
+    assert "conversation.item.input_audio_transcription.failed" not in host.types()
+    await host.binding.end("test over")
+
+
+async def test_a_turn_answered_without_the_transcript_the_client_asked_for_fails_its_transcription() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    host.binding.receive(json.dumps({"type": "session.update", "session": {
+        "type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}}))
+    await host.until(lambda: "session.updated" in host.types())
+    await ask(host, pipeline)
+    assert pipeline.requests[0].params["transcribe"] is True
+    pipeline.push(text="Paris.")
+    pipeline.end()
+    await host.until(lambda: "conversation.item.input_audio_transcription.failed" in host.types())
+    (failed,) = host.of("conversation.item.input_audio_transcription.failed")
+    assert failed["item_id"] == host.of("input_audio_buffer.committed")[0]["item_id"]
+    assert failed["error"]["code"] == "not_transcribed"
     await host.binding.end("test over")
 
 
