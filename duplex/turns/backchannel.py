@@ -6,7 +6,7 @@ of speech over the agent is transcribed (:mod:`duplex.session.barge_in`) and
 :func:`is_backchannel` reads it: the agent goes on after a backchannel and stops for anything else.
 
 The rule, for English: at most :data:`MAX_WORDS` words, every one of them a listener's token
-(:data:`_LISTENER_WORDS`), and none that takes the turn: "no", "wait", "stop", "but", a question
+(:data:`_LISTENER_WORDS`, or a hum: Whisper tiny.en writes piper's "mm-hmm" as "NMM"), and none that takes the turn: "no", "wait", "stop", "but", a question
 mark. "Yeah, yeah." and "Uh-huh, okay." are backchannels; "Yeah, but" and "Okay, stop." are not,
 and neither is an empty transcript (a cough, a click: the recogniser heard no word), which the
 session treats as any other unrecognised fragment. Stateless.
@@ -27,6 +27,8 @@ _LISTENER_WORDS = frozenset({
 # Two-word tokens, joined before the words are read: "I" or "see" alone may begin a sentence.
 _PHRASES = {"got it": "gotit", "i see": "isee", "uh huh": "uhhuh", "mm hmm": "mmhmm"}
 _WORD = re.compile(r"[a-z']+")
+# A hum, however Whisper spells it ("Mm-hmm.", "NMM", "Mm-mm"): only m, n and h, with an m.
+_HUM = re.compile(r"(?=.*m)[mnh]{2,}")
 
 
 def is_backchannel(transcript: str) -> bool:
@@ -39,4 +41,4 @@ def is_backchannel(transcript: str) -> bool:
     words = joined.split()
     if not words or len(words) > MAX_WORDS or "?" in text:
         return False
-    return all(word in _LISTENER_WORDS for word in words)
+    return all(word in _LISTENER_WORDS or _HUM.fullmatch(word) for word in words)

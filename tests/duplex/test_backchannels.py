@@ -49,13 +49,13 @@ async def fragment_over_agent(host: Host, pipeline: ScriptedPipeline, words: str
 
 
 @pytest.mark.parametrize("words", ["Yeah.", "Mm-hmm.", "Okay, I see.", "Uh-huh, right.", "Uh huh.",
-                                   "Got it."])
+                                   "Got it.", "NMM", "Mm-mm.", "Hmm."])
 def test_listener_tokens_are_backchannels(words: str) -> None:
     assert is_backchannel(words)
 
 
 @pytest.mark.parametrize("words", ["", "Stop.", "Wait.", "No.", "Yeah, but", "Okay, stop.", "Right?",
-                                   "Yeah yeah yeah okay right", "What about Spain?", "I", "I see it"])
+                                   "Yeah yeah yeah okay right", "What about Spain?", "I", "I see it", "H.", "Nn."])
 def test_other_words_interrupt(words: str) -> None:
     assert not is_backchannel(words)
 
