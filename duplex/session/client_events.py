@@ -4,12 +4,14 @@ Each event is validated and dispatched to the Session; anything wrong (unknown t
 bad fields, an action the session's state does not allow) becomes an ``error`` event that names
 the problem, and the session goes on. A ClientEvents belongs to one transport binding; its only
 state beyond its session is which of the history's items its client created (``conversation.item
-.create``), so that those stay within the caps below. It changes the session only through the
+.create``), so that those stay within the caps below, and the decoder of the audio it appends
+(wire format to the session's 16 kHz float32). It changes the session only through the
 session's methods.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,9 +21,10 @@ from duplex.protocol.events import RealtimeError, error_event, event, new_id
 from duplex.protocol.items import wire_item
 from duplex.protocol.response_create import response_spec
 from duplex.protocol.session_update import apply_session_update
-from duplex.protocol.wire_audio import AudioFormatError
+from duplex.protocol.wire_audio import AudioFormatError, InboundDecoder
 from duplex.session.history import FunctionCall, Item
 from duplex.session.session import Session
+from duplex.turns.vad import SAMPLE_RATE
 
 MAX_TEXT_CHARS = 100_000
 # Caps on what a client's own items (``conversation.item.create``) hold in the history at once; a
@@ -54,6 +57,7 @@ class ClientEvents:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._created: set[str] = set()  # ids of the client's items, as long as the history has them
+        self._decoder: InboundDecoder | None = None  # input_audio_buffer.append's stream
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
@@ -100,7 +104,19 @@ class ClientEvents:
         session.send(event("session.updated", session=session.session_object()))
 
     async def _append(self, message: dict[str, Any]) -> None:
-        await self.session.on_wire_audio(_field(message, "audio", str))
+        """Audio in the session's input format. A long append goes through the VAD a second of
+        audio at a time, yielding between slices, so one client's upload never stalls the event
+        loop that paces everyone's audio."""
+        audio = self._inbound().decode(_field(message, "audio", str))
+        for start in range(0, len(audio), SAMPLE_RATE):
+            self.session.on_audio(audio[start : start + SAMPLE_RATE])
+            await asyncio.sleep(0)
+
+    def _inbound(self) -> InboundDecoder:
+        """The decoder of the appended stream, anew when ``session.update`` changed its format."""
+        if self._decoder is None or self._decoder.format != self.session.config.input_format:
+            self._decoder = InboundDecoder(self.session.config.input_format)
+        return self._decoder
 
     async def _commit(self, message: dict[str, Any]) -> None:
         self.session.commit_input()
@@ -155,7 +171,9 @@ class ClientEvents:
             if kind in ("input_text", "text", "output_text"):
                 texts.append(_field(part, "text", str))
             elif kind == "input_audio" and role == "user":
-                audio.append(self.session.decode_wire_audio(_field(part, "audio", str)))
+                # An item's audio is a stream of its own, in the session's input format.
+                decoder = InboundDecoder(self.session.config.input_format)
+                audio.append(decoder.decode(_field(part, "audio", str)))
             else:
                 raise RealtimeError(f"content type {kind!r} is not supported for {role}",
                                     param=f"{param}.content.type")

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -53,7 +52,7 @@ from duplex.media.playout import AgentAudio
 from duplex.protocol.events import RealtimeError, event, new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.protocol.session_update import session_object
-from duplex.protocol.wire_audio import InboundDecoder
+from duplex.session.arrivals import Arrivals
 from duplex.session.barge_in import BackchannelCheck, Step, next_step
 from duplex.session.config import SessionConfig
 from duplex.session.conversation import Conversation
@@ -72,7 +71,6 @@ from duplex.turns.vad import SAMPLE_RATE, WINDOW
 
 log = logging.getLogger(__name__)
 
-ARRIVALS_KEPT = 256  # ~5 s of 20 ms chunks: more than the VAD ever lags behind
 
 
 class Session:
@@ -106,16 +104,13 @@ class Session:
         self._speculator = Speculator(pipeline, self._judge.hear, self._model_state.withdraw,
                                       {"session_id": session_id})
         self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
-        self._decoder = InboundDecoder(self.config.input_format)
         self._response: Response | None = None
         # Out-of-band, text-only responses (``conversation: "none"``): they run beside the
         # conversation's response, touch neither its state nor its audio, and leave when done.
         self._beside: set[Response] = set()
         self._user_item_id: str | None = None
         self._closed = False
-        # When each recent chunk of inbound audio arrived: (its end, in samples; monotonic time).
-        self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)
-        self._received = 0
+        self._arrivals = Arrivals()
         audio.listener = self
 
     @property
@@ -163,8 +158,6 @@ class Session:
         self.config = config
         if config.turn_detection is not None:
             self._detector.config = config.turn_detection
-        if config.input_format != self._decoder.format:
-            self._decoder = InboundDecoder(config.input_format)
 
     # --- inbound audio --------------------------------------------------------------------
 
@@ -173,8 +166,7 @@ class Session:
         if self._closed:
             return
         received_at = time.monotonic() if received_at is None else received_at
-        self._received += len(samples)
-        self._arrivals.append((self._received, received_at))
+        self._arrivals.note(len(samples), received_at)
         if self.config.turn_detection is None:
             self._input.append(samples)
             return
@@ -213,21 +205,6 @@ class Session:
         """Until the end-of-turn model answered for the current pause (tests on virtual time)."""
         await self._judge.settled()
 
-    async def on_wire_audio(self, b64: str) -> None:
-        """``input_audio_buffer.append`` audio, in the session's input format.
-
-        A long append goes through the VAD a second of audio at a time, yielding between slices,
-        so one client's upload never stalls the event loop that paces everyone's audio.
-        """
-        audio = self._decoder.decode(b64)
-        for start in range(0, len(audio), SAMPLE_RATE):
-            self.on_audio(audio[start : start + SAMPLE_RATE])
-            await asyncio.sleep(0)
-
-    def decode_wire_audio(self, b64: str) -> np.ndarray:
-        """Audio of a client event in the session's input format, at 16 kHz (a fresh decoder)."""
-        return InboundDecoder(self.config.input_format).decode(b64)
-
     def _echo_guard(self) -> float | None:
         """The raised VAD threshold while the agent's audio is young (audio time, not wall time)."""
         resp = self._response
@@ -257,12 +234,8 @@ class Session:
         self.audio.pause()
         self.barge_in = pending
         # From the arrival of the audio that holds the onset, so the VAD's own delay counts.
-        metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - self._arrival(onset.start_ms, received_at))
+        metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - self._arrivals.of(onset.start_ms, received_at))
         self.log.info("possible interruption at %d ms: agent audio paused", onset.start_ms)
-
-    def _arrival(self, position_ms: int, fallback: float) -> float:
-        sample = position_ms * SAMPLE_RATE // 1000
-        return next((at for end, at in self._arrivals if end > sample), fallback)
 
     def _speech_started(self, onset_ms: int) -> None:
         self._user_item_id = new_id("item")
