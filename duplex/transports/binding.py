@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,23 @@ MAX_QUEUED_EVENTS = 1024  # client events waiting for their turn; beyond, the cl
 EVENT_RATE = 200.0
 EVENT_BURST = 1000
 MAX_RATE_ERRORS = 20
-FLOODING = "client event rate limit exceeded"  # the reason given to ``close_transport``
+
+
+@dataclass(frozen=True)
+class Closing:
+    """Why the server ends a connection, for its transport to say in its own way: a WebSocket
+    closes with 1008 (policy violation) where the client broke a rule, 1001 (going away) otherwise;
+    a phone call hangs up either way."""
+
+    reason: str
+    clients_fault: bool = False
+
+    @property
+    def websocket_code(self) -> int:
+        return 1008 if self.clients_fault else 1001
+
+
+FLOODING = Closing("client event rate limit exceeded", clients_fault=True)
 
 
 class TokenBucket:
@@ -65,11 +82,11 @@ class TokenBucket:
 
 
 class SessionBinding:
-    """See module doc. ``close_transport(reason)`` closes the connection from the server side and
+    """See module doc. ``close_transport(closing)`` closes the connection from the server side and
     must lead, sooner or later, to :meth:`end` (the transport's own end-of-connection path)."""
 
     def __init__(self, session: Session, registry: SessionRegistry,
-                 close_transport: Callable[[str], Awaitable[None]],
+                 close_transport: Callable[[Closing], Awaitable[None]],
                  inbound_timeout_s: float | None = None) -> None:
         self.session = session
         self.events = ClientEvents(session)
@@ -115,7 +132,7 @@ class SessionBinding:
 
     async def close(self, reason: str = "closed by the server") -> None:
         """End the connection from the server side and wait until everything is released."""
-        await self._close_transport(reason)
+        await self._close_transport(Closing(reason))
         await self.ended.wait()
 
     # --- inbound ------------------------------------------------------------------------------
@@ -144,7 +161,7 @@ class SessionBinding:
     def admit_event(self) -> bool:
         """Whether one more client message may be handled now (see :data:`EVENT_RATE`). When not,
         the client gets a ``rate_limited`` error, or, past :data:`MAX_RATE_ERRORS` of them, the
-        connection is closed with the reason :data:`FLOODING`."""
+        connection is closed as :data:`FLOODING`."""
         if self._bucket.take():
             if self._refused and self._bucket.tokens >= EVENT_BURST / 2:
                 self._refused = 0
@@ -192,7 +209,7 @@ class SessionBinding:
             idle = time.monotonic() - self._last_audio
             if idle >= timeout_s:
                 self.log.info("no inbound audio for %.1f s: ending the session", idle)
-                await self._close_transport("inbound media timeout")
+                await self._close_transport(Closing("inbound media timeout"))
                 return
             await asyncio.sleep(timeout_s - idle)
 

@@ -36,13 +36,12 @@ from duplex.registry import SessionRegistry
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
-from duplex.transports.binding import SessionBinding
+from duplex.transports.binding import Closing, SessionBinding
 from duplex.turns.vad import SAMPLE_RATE as SESSION_RATE
 
 log = logging.getLogger(__name__)
 
 TWILIO_RATE = 8000
-CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
 SHUTDOWN_GRACE_S = 5.0
 
@@ -60,7 +59,7 @@ class TwilioConnection:
         self.websocket = websocket
         self.stream_sid: str | None = None
         self._api_key = api_key
-        self._outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[dict[str, Any] | Closing] = asyncio.Queue()
         self.playout = MarkedPlayout(TWILIO_RATE, self._media, self._mark, self._clear)
         self.session = Session(self.id, self, self.playout, pipeline, settings.session,
                                settings.voices, model_name)
@@ -90,8 +89,8 @@ class TwilioConnection:
             await asyncio.gather(writer, return_exceptions=True)
             await self.binding.end(f"twilio {reason}")
 
-    async def _close(self, reason: str) -> None:
-        self._outbox.put_nowait(None)  # the writer closes the socket after what is queued
+    async def _close(self, closing: Closing) -> None:
+        self._outbox.put_nowait(closing)  # the writer closes the socket after what is queued
         await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
     # --- SessionTransport --------------------------------------------------------------------
@@ -113,13 +112,13 @@ class TwilioConnection:
         self._outbox.put_nowait({"event": "clear", "streamSid": self.stream_sid})
 
     async def _write(self) -> None:
-        while (message := await self._outbox.get()) is not None:
+        while not isinstance(message := await self._outbox.get(), Closing):
             try:
                 await self.websocket.send_text(json.dumps(message))
             except (WebSocketDisconnect, RuntimeError, OSError) as err:
                 self.log.info("twilio send failed: %s", err)
                 return
-        await self.websocket.close(CLOSE_GOING_AWAY, "server shutting down")
+        await self.websocket.close(message.websocket_code, message.reason)
 
     # --- in --------------------------------------------------------------------------------
 

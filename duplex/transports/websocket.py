@@ -30,12 +30,10 @@ from duplex.registry import SessionRegistry
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
-from duplex.transports.binding import FLOODING, SessionBinding
+from duplex.transports.binding import Closing, SessionBinding
 
 log = logging.getLogger(__name__)
 
-CLOSE_GOING_AWAY = 1001
-CLOSE_POLICY_VIOLATION = 1008  # the client broke a rule of the server's (an event flood)
 SHUTDOWN_GRACE_S = 5.0
 # Server events waiting for a client that does not read them (its socket buffers are full). Beyond
 # this the client is ended: a session's memory must not grow with a client that went deaf. A
@@ -84,13 +82,10 @@ class WebSocketConnection:
             await asyncio.gather(writer, return_exceptions=True)
             await self.binding.end(f"websocket {reason}")
 
-    async def _close(self, reason: str) -> None:
+    async def _close(self, closing: Closing) -> None:
         """End the connection from the server (shutdown, flood): close frame after the events
         already queued, then wait for ``run``."""
-        if reason == FLOODING:
-            self._outbox.put_nowait(_Close(CLOSE_POLICY_VIOLATION, reason))
-        else:
-            self._outbox.put_nowait(_Close(CLOSE_GOING_AWAY, "server shutting down"))
+        self._outbox.put_nowait(_Close(closing.websocket_code, closing.reason))
         await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
     # --- SessionTransport --------------------------------------------------------------------

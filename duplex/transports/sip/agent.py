@@ -37,7 +37,7 @@ from duplex.registry import SessionRegistry, TooManySessions
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
-from duplex.transports.binding import SessionBinding
+from duplex.transports.binding import Closing, SessionBinding
 from duplex.transports.sip.handler import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
@@ -83,8 +83,8 @@ class SipSessionCall:
         self.log.info("call from %s (%s, dtmf %s)", self.info.from_uri, self.info.codec,
                       self.info.dtmf)
 
-    async def _hang_up(self, reason: str) -> None:
-        self.log.info("hanging up: %s", reason)
+    async def _hang_up(self, closing: Closing) -> None:
+        self.log.info("hanging up: %s", closing.reason)
         self._control.hangup()  # the stack answers with on_ended("hangup")
 
     # --- SessionTransport --------------------------------------------------------------------

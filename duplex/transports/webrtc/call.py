@@ -18,7 +18,7 @@ from duplex.registry import SessionRegistry
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
-from duplex.transports.binding import SessionBinding
+from duplex.transports.binding import Closing, SessionBinding
 from duplex.transports.webrtc.ice import IcePolicy
 from duplex.transports.webrtc.peer import CallPeer
 
@@ -34,7 +34,7 @@ class WebRTCCall:
         self.peer = CallPeer(self.id, policy, self)
         self.session = Session(self.id, self, PacedPlayout(self.peer.outbound), pipeline,
                                settings.session, settings.voices, model_name)
-        self.binding = SessionBinding(self.session, registry, self.peer.close,
+        self.binding = SessionBinding(self.session, registry, self._close_peer,
                                       settings.session.inbound_media_timeout_s)
         self._ending: asyncio.Task[None] | None = None
 
@@ -51,6 +51,9 @@ class WebRTCCall:
 
     async def close(self, reason: str = "hangup") -> None:
         await self.binding.close(reason)
+
+    async def _close_peer(self, closing: Closing) -> None:
+        await self.peer.close(closing.reason)
 
     # --- SessionTransport --------------------------------------------------------------------
 
