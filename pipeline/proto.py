@@ -32,9 +32,15 @@ class OmniRequest:
     ``inputs`` holds what the model consumes, in one shape for every model and client:
     ``{"messages": [{"role": "system" | "user" | "assistant", "text": str | None,
     "audio": float32 mono ndarray | None, "sample_rate": int | None}, ...]}``, oldest first; the
-    last message is the turn to answer. ``params`` holds caps and options (``max_output_tokens``,
-    ``voice``, ``modalities``: ["text"] or ["text", "audio"], ...). The pipeline core never looks
-    inside either; the entry stage of a model validates them.
+    last message is the turn to answer. Function calling adds optional message fields: an
+    assistant message's ``tool_calls`` (``[{"call_id", "name", "arguments"}]``, made after its own
+    words ``words``: str | None) and a user message's ``tool_result`` (``{"call_id", "name",
+    "output"}``); ``text`` then holds a plain rendering of them for models that read text only.
+    ``params`` holds caps and options (``max_output_tokens``, ``voice``, ``modalities``: ["text"]
+    or ["text", "audio"], ``tools`` and ``tool_choice`` as the Realtime API spells them, ...).
+    The pipeline core never looks inside either; the entry stage of a model validates them.
+    A model's function call comes out as chunks ``{"function_call": {"name", "arguments"}}``
+    (``arguments``: the new text of the call's JSON arguments).
     """
 
     request_id: str

@@ -46,7 +46,8 @@ class Item:
 @dataclass
 class FunctionCall:
     """A function call item (``output`` None) or its result (``function_call_output``). The model
-    sees both as text: the call as the assistant's, the result as the user's."""
+    gets both as messages: the call as the assistant's, the result as the user's, each with its
+    fields (``fields``) and a plain rendering (``as_text``) for models that read text only."""
 
     call_id: str
     name: str = ""
@@ -58,6 +59,14 @@ class FunctionCall:
         if self.output is None:
             return f"(calling {self.name} with {self.arguments})"
         return f"(result of {self.name or self.call_id}: {self.output})"
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The message fields of this call or result (see ``History.messages``)."""
+        if self.output is None:
+            call = {"call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+            return {"tool_calls": [call], "words": None}
+        return {"tool_result": {"call_id": self.call_id, "name": self.name, "output": self.output}}
 
 
 class History:
@@ -119,13 +128,21 @@ class History:
     def messages(self, instructions: str | None, pending: Item | None = None) -> list[dict[str, Any]]:
         """The model's input (OmniRequest.inputs["messages"]), newest audio first in the budget;
         ``pending`` is answered as if it were the newest item (a turn not yet committed). A turn
-        heard as audio whose transcript is known carries it as ``transcript``, not ``text``."""
+        heard as audio whose transcript is known carries it as ``transcript``, not ``text``.
+
+        Function calls: an assistant message that made calls has ``tool_calls`` (``[{"call_id",
+        "name", "arguments"}]``) and its own words as ``words`` (None when it only called); a call
+        item joins the assistant message just before it (see ``_fold_calls``). A result is a user
+        message with ``tool_result`` (``{"call_id", "name", "output"}``). ``text`` holds the plain
+        rendering of both, for models that read text only."""
         budget = self._max_audio_s
         kept: list[dict[str, Any]] = []
         items = self.items if pending is None else [*self.items, pending]
         for item in reversed(items):
             text = item.call.as_text if item.call is not None else item.transcript or None
             message: dict[str, Any] = {"role": item.role, "text": text, "audio": None, "sample_rate": None}
+            if item.call is not None:
+                message.update(item.call.fields)
             if item.audio is not None and item.sample_rate:
                 seconds = len(item.audio) / item.sample_rate
                 if seconds > budget:
@@ -141,13 +158,31 @@ class History:
             if message["text"] is None and message["audio"] is None:
                 continue
             kept.append(message)
-        kept.reverse()
+        kept = _fold_calls(kept[::-1])
         if instructions:
             kept.insert(0, {"role": "system", "text": instructions, "audio": None, "sample_rate": None})
         return kept
 
     def clear(self) -> None:
         self.items.clear()
+
+
+def _fold_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each call joined to the assistant message before it: a model writes its
+    words and calls as one answer, and kept model state counts one message per answer (a call
+    after an answer of an earlier response joins it too; the model then just prefills anew)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        previous = out[-1] if out else None
+        if message.get("tool_calls") and previous is not None and previous["role"] == "assistant" \
+                and previous["audio"] is None:
+            if "tool_calls" not in previous:
+                previous["words"], previous["tool_calls"] = previous["text"], []
+            previous["tool_calls"] = [*previous["tool_calls"], *message["tool_calls"]]
+            previous["text"] = f"{previous['text']} {message['text']}"
+            continue
+        out.append(message)
+    return out
 
 
 def _heard_spans(spans: list[tuple[int, int, str]], audio_end_ms: int) -> str:

@@ -1,9 +1,10 @@
 """The model's kept state of one session's conversation (``keep_model_state``): which pipeline
 conversation a request continues, and freeing it when the session's history stops matching it.
 
-The kept state covers the previous request's messages plus its answer; a request continues it only
-if its messages begin with those (anything else — an edit, a deletion, new instructions, old audio
-leaving the budget, an answer that never came — starts a new conversation and frees the old). A
+The kept state covers the previous request's messages (and the tools it offered, which the model's
+prompt carries) plus its answer; a request continues it only if it offers the same tools and its
+messages begin with those (anything else — an edit, a deletion, new instructions or tools, old
+audio leaving the budget, an answer that never came — starts a new conversation and frees the old). A
 request aborted before it kept anything (a speculative answer the user talked over) leaves the
 pipeline's state as it was: ``withdraw`` says so here too. A KeptModelState belongs to one session;
 ``close`` frees what the pipeline keeps for it.
@@ -12,6 +13,7 @@ pipeline's state as it was: ``withdraw`` says so here too. A KeptModelState belo
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from duplex.protocol.events import new_id
@@ -31,11 +33,15 @@ class KeptModelState:
     def enabled(self) -> bool:
         return self._enabled
 
-    def conversation_for(self, messages: list[dict[str, Any]]) -> str | None:
-        """The conversation id for a request with ``messages`` (None when state is not kept)."""
+    def conversation_for(self, messages: list[dict[str, Any]],
+                         tools: list[dict[str, Any]] | None = None) -> str | None:
+        """The conversation id for a request with ``messages`` offering ``tools`` (None when state
+        is not kept)."""
         if not self._enabled:
             return None
-        keys = [(m["role"], m["text"], None if m["audio"] is None else id(m["audio"])) for m in messages]
+        offered = ("tools", json.dumps(tools, sort_keys=True) if tools else None)
+        keys = [offered, *((m["role"], m["text"], None if m["audio"] is None else id(m["audio"]))
+                           for m in messages)]
         previous, self._keys = self._keys, keys
         self._before = previous
         continues = (self._conversation is not None and bool(previous)

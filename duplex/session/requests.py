@@ -57,7 +57,7 @@ class RequestBuilder:
                 source.add(given)
         messages = source.messages(spec.instructions, pending)
         if input_items is None and not spec.out_of_band:
-            kept = self._model_state.conversation_for(messages)
+            kept = self._model_state.conversation_for(messages, params.get("tools"))
             if kept is not None:
                 params["conversation_id"] = kept
         return OmniRequest(new_id("req"), {"messages": messages}, params)

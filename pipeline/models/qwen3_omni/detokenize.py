@@ -11,11 +11,19 @@ concatenate to ``decode(all tokens)``; the final item flushes what was held back
 
 Chunk output: ``{"text": delta, "token_ids": [id]}``; final output adds ``usage`` and
 ``finish_reason`` from the thinker.
+
+Requests that offer tools: the thinker splits the answer into words and a function call as it goes
+(``call_parser.py``: that needs per-request state, which this stage has none of) and each of its
+chunks carries the result as ``parsed`` (``{"text", "function_call"}``); this stage passes it on:
+``{"text": words, "token_ids": [id]}`` plus ``{"function_call": {"name", "arguments"}}`` (the
+arguments' new text) when the call grew, so the words of a call never reach the client as text.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from transformers import PreTrainedTokenizerBase
 
 from pipeline.models import StageContext
 from pipeline.models.qwen3_omni import loading
@@ -31,12 +39,11 @@ def _stable(text: str) -> str:
     return text[:-1] if text.endswith(REPLACEMENT) else text
 
 
-class Detokenizer:
-    """BatchRunner for the ``decode`` stage."""
+class TokenText:
+    """Stateless text deltas of a token stream over one tokenizer (see the module doc)."""
 
-    def __init__(self, ctx: StageContext) -> None:
-        source = loading.resolve(ctx.model_args)
-        self.tokenizer = loading.load_tokenizer(source.path)
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -49,15 +56,26 @@ class Detokenizer:
         text = self._text(context)
         return text[len(_stable(text)):]
 
+
+class Detokenizer(TokenText):
+    """BatchRunner for the ``decode`` stage."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        source = loading.resolve(ctx.model_args)
+        super().__init__(loading.load_tokenizer(source.path))
+
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
-        out = []
-        for item in batch:
-            data = item.payload.data
-            if item.final:
-                final = {"text": self.flush(list(data.get("context_ids", [])))}
-                final.update({k: data[k] for k in ("usage", "finish_reason") if k in data})
-                out.append(final)
-            else:
-                token = int(data["token_id"])
-                out.append({"text": self.delta(list(data["context_ids"]), token), "token_ids": [token]})
+        return [self._one(item.payload.data, item.final) for item in batch]
+
+    def _one(self, data: dict[str, Any], final: bool) -> dict[str, Any]:
+        parsed = data.get("parsed")
+        if final:
+            text = parsed["text"] if parsed is not None else self.flush(list(data.get("context_ids", [])))
+            out = {"text": text, **{k: data[k] for k in ("usage", "finish_reason") if k in data}}
+        else:
+            token = int(data["token_id"])
+            text = parsed["text"] if parsed is not None else self.delta(list(data["context_ids"]), token)
+            out = {"text": text, "token_ids": [token]}
+        if parsed is not None and parsed.get("function_call"):
+            out["function_call"] = parsed["function_call"]
         return out

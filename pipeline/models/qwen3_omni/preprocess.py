@@ -7,9 +7,20 @@ user turn or an assistant message with text or audio. A message with both render
 Audio at any rate from 8 kHz to 192 kHz is resampled to the feature extractor's 16 kHz with PyAV; audio longer
 than the stage's ``max_audio_seconds`` (default 120) is refused.
 
+Function calling adds optional fields (``text`` then holds a plain rendering for models that read
+text only, which this model does not use):
+
+- an assistant message's ``tool_calls``: ``[{"call_id", "name", "arguments"}]``, the calls it made
+  after its words ``words`` (str | None); Qwen writes them as ``<tool_call>`` blocks in that turn;
+- a user message's ``tool_result``: ``{"call_id", "name", "output"}``, a call's result; Qwen
+  writes it as a ``<tool_response>`` block, consecutive results in one user turn.
+
 Request params read here: ``voice`` (``default`` or a speaker of the checkpoint, checked early so
-a request fails before the thinker runs), ``modalities`` (subset of ``["text", "audio"]``) and
-``transcribe`` (hand the last user turn's audio to the ``transcribe`` stage).
+a request fails before the thinker runs), ``modalities`` (subset of ``["text", "audio"]``),
+``transcribe`` (hand the last user turn's audio to the ``transcribe`` stage), ``tools`` and
+``tool_choice`` (``tools.py``: the tools section of the system turn, left out when the request
+resumes a kept conversation, whose state has it; a forced call's opening after the generation
+prompt).
 
 Output data: ``input_ids`` (1-D long tensor, one ``<|audio_pad|>`` per audio frame of the encoder),
 with audio ``input_features`` / ``feature_attention_mask`` (one row per clip), and when asked and
@@ -29,9 +40,10 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from pipeline.models import StageContext
-from pipeline.models.qwen3_omni import loading
+from pipeline.models.qwen3_omni import loading, tools
 from pipeline.models.qwen3_omni.talker import requested_voice
 from pipeline.scheduling.base import BatchItem, RequestError
+from pipeline.scheduling.conversations import conversation_of
 
 MIN_RATE, MAX_RATE = 8000, 192000
 ROLES = ("system", "user", "assistant")
@@ -75,7 +87,14 @@ class Preprocessor:
     def _one(self, rid: str, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         self._check_params(rid, params)
         clips: list[np.ndarray] = []
-        messages = [self._message(rid, m, clips) for m in inputs.get("messages") or []]
+        conversation = conversation_of(params)
+        try:
+            plain = tools.render(inputs.get("messages") or [], params,
+                                 resumed=conversation is not None and conversation.resume)
+            opening = tools.call_opening(params)
+        except tools.ToolsError as err:
+            raise RequestError(rid, str(err)) from None
+        messages = [self._message(rid, m, clips) for m in plain]
         # The template's generation prompt opens a new assistant turn after whatever came last: a
         # user turn, or an assistant message (a Realtime client asking for another answer).
         if not messages or messages[-1]["role"] == "system" or not messages[-1]["content"]:
@@ -84,6 +103,8 @@ class Preprocessor:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if not isinstance(ids, list):
             ids = ids["input_ids"]
+        if opening is not None:
+            ids = list(ids) + self.tokenizer.encode(opening, add_special_tokens=False)
         out: dict[str, Any] = {}
         if clips:
             feats = self.features(

@@ -21,6 +21,14 @@ rows after the ``<|im_start|>assistant\\n`` header, then the thinker's answer to
   cap; a capped talker drops the frame whose code was drawn last, as the reference does, by never
   drawing it. The cap (``output_cap``) is tied to the length of the text voiced.
 
+Function calls are not voiced. A request whose tool_choice forces a call (``tools.py``) has no
+audio at all: it holds nothing and ends at once, as a text-only request does. For a request that
+offers tools, the thinker says how many answer tokens are settled as words (``settled``: text that
+may open a call is not, until the thinker knows) and the talker reads only those; once a call has
+begun (``call_from``), the token where its text starts takes the place of the thinker's last token
+(voiced as tts_eos, as EOS would be) and nothing after it is read. Words followed by a call are
+thus voiced exactly as the same words followed by EOS.
+
 Per-request state (TalkerState in ``ARSlot.state``; KV in the runner's KVPool) lives from
 ``new_state`` to ``release``. Requests that do not ask for audio hold nothing and end at once.
 """
@@ -35,7 +43,7 @@ import torch
 from transformers import DynamicCache
 
 from pipeline.models import StageContext
-from pipeline.models.qwen3_omni import loading
+from pipeline.models.qwen3_omni import loading, tools
 from pipeline.models.qwen3_omni.code_predictor import predict_frame
 from pipeline.models.qwen3_omni.kv_pool import KVPool
 from pipeline.models.qwen3_omni.sampling import Sampling, SamplingParams, pick_rows
@@ -55,6 +63,8 @@ class TalkerState:
     """Rows of X before the answer (prompt rows after the assistant header; usually none)."""
     total: int | None = None
     """len(X) once the thinker's last token is known."""
+    settled: int | None = None
+    """Rows of X known to be words (requests with tools); None: every row read."""
     tts: torch.Tensor | None = None
     """Projected tts_bos, tts_eos, tts_pad [3, hidden], from the prefill on."""
     codes0: list[int] = field(default_factory=list)
@@ -135,6 +145,8 @@ class Talker:
         params = payload.params
         o = self.opts
         voice = requested_voice(payload.request_id, params, self.voices)
+        if tools.forced_call(params) is not None:
+            voice = None  # the answer is a function call: nothing to say
         speaker = None if voice is None else self.voices[o.voice if voice == DEFAULT_VOICE else voice]
         seed = params.get("seed")
         sampling = SamplingParams(
@@ -153,13 +165,20 @@ class Talker:
     def feed(self, slot: ARSlot, payload: StagePayload) -> None:
         st: TalkerState = slot.state
         data = payload.data
+        if st.total is not None:
+            return  # the voiced text already ended (a function call began)
         if "user_embeds" in data:
             st.prompt = {k: data[k] for k in ("user_embeds", "user_mm", "assistant_embeds", "tts_embeds")}
             st.texts.extend(data["assistant_embeds"][3:])
             st.prompt_texts = len(st.texts)
         st.texts.append(data["token_embed"])
         st.answer_tokens += 1
-        if data.get("last"):
+        if data.get("settled") is not None:
+            st.settled = st.prompt_texts + int(data["settled"])
+        if data.get("call_from") is not None:
+            st.answer_tokens = int(data["call_from"]) + 1
+            st.total = st.prompt_texts + st.answer_tokens
+        elif data.get("last"):
             st.total = len(st.texts)
 
     def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
@@ -172,7 +191,7 @@ class Talker:
         if st.speaker is None or self._silent(st):
             return True
         if st.past_hidden is None:
-            return st.prompt is not None
+            return st.prompt is not None and self._text_known(st, -1)
         return self._capped_next(slot) or self._text_known(st, st.frames)
 
     def output_cap(self, slot: ARSlot) -> int | None:
@@ -213,7 +232,9 @@ class Talker:
 
     @staticmethod
     def _text_known(st: TalkerState, j: int) -> bool:
-        return (st.total is not None and j + 1 >= st.total - 1) or j + 1 < len(st.texts)
+        """Whether X[j + 1] is known: read and settled as words, or past the voiced text's end."""
+        known = len(st.texts) if st.settled is None else st.settled
+        return (st.total is not None and j + 1 >= st.total - 1) or j + 1 < known
 
     def _text_slot(self, st: TalkerState, j: int) -> torch.Tensor:
         """The text part of the talker's input at decode step j [hidden]."""

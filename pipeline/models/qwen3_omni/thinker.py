@@ -11,14 +11,20 @@ Each step streams one chunk per request (to ``decode`` and ``talker``):
 - ``token_id``: the new token; ``context_ids``: up to DETOK_CONTEXT tokens before it (the text
   decoder is stateless and needs them); ``token_embed``: its input embedding [hidden], which the
   talker projects into its text slot; ``last``: this is the thinker's final token (EOS or its cap).
+- requests that offer tools (``tools.py``): ``parsed``, this token's words and call piece
+  (``{"text", "function_call"}``, see ``call_parser.py``; the ``decode`` stage passes them on);
+  ``settled``: how many answer tokens are known to be words (text that may open a call is not,
+  until it is known); ``call_from``: once a call has begun, the answer token where its text starts
+  (the talker voices the tokens before it, and nothing from there on). The answer ends at the
+  first call's ``</tool_call>``, as at EOS; the final data adds the last ``parsed``.
 - first chunk only, what the talker's prefill needs from the prompt: ``user_embeds`` [U, hidden]
   (for the rows of user turns: the hidden state of layer ``accept_hidden_layer`` at audio rows, the
   input embedding elsewhere), ``user_mm`` [U] (which rows are audio), ``assistant_embeds`` (the
   embeddings from the last ``<|im_start|>assistant`` to the end of the prompt) and ``tts_embeds``
   (embeddings of tts_bos, tts_eos, tts_pad).
 
-Per-request state (ThinkerState in ``ARSlot.state``, KV in the runner's KVPool) lives from
-``new_state`` to ``release``.
+Per-request state (ThinkerState in ``ARSlot.state``, KV in the runner's KVPool, the call parser of
+a request with tools) lives from ``new_state`` to ``release``.
 
 Conversations (ConversationRunner): a request that names a conversation may leave its state for
 the next one (``keep`` -> ``KeptThinker``, see ``kept.py``); the next request's input holds only
@@ -37,8 +43,9 @@ import torch
 from transformers import DynamicCache
 
 from pipeline.models import StageContext
-from pipeline.models.qwen3_omni import loading
-from pipeline.models.qwen3_omni.detokenize import DETOK_CONTEXT
+from pipeline.models.qwen3_omni import loading, tools
+from pipeline.models.qwen3_omni.call_parser import CallParser, Parsed
+from pipeline.models.qwen3_omni.detokenize import DETOK_CONTEXT, TokenText
 from pipeline.models.qwen3_omni.kept import KeptThinker, cut
 from pipeline.models.qwen3_omni.kv_pool import KVPool
 from pipeline.models.qwen3_omni.sampling import Sampling, SamplingParams, pick_rows
@@ -65,6 +72,12 @@ class ThinkerState:
     user_mm: torch.Tensor | None = None
     base: int = 0
     base_users: int = 0
+    calls: CallParser | None = None
+    """The answer split into words and a function call, for requests that offer tools."""
+    settled: int = 0
+    """Answer tokens known to be words (with ``calls``)."""
+    call_from: int | None = None
+    """The answer token where a call's text starts, once one has begun (with ``calls``)."""
 
 
 def sampling_params(params: dict[str, Any]) -> SamplingParams:
@@ -104,7 +117,11 @@ class Thinker:
         self.accept_layer = config.talker_config.accept_hidden_layer
         self.max_positions = self.text_config.max_position_embeddings
         self.pool = KVPool()
-        self.newline = loading.load_tokenizer(source.path).encode("\n")
+        tokenizer = loading.load_tokenizer(source.path)
+        self.newline = tokenizer.encode("\n")
+        # Requests with tools need the answer's text here: the call parser keeps per-request state,
+        # which the stateless decode stage cannot.
+        self.token_text = TokenText(tokenizer)
 
     # -- ARRunner ----------------------------------------------------------------------------
 
@@ -122,6 +139,11 @@ class Thinker:
         if self._assistant_start(ids) is None:
             raise RequestError(rid, "prompt does not end with an assistant turn header")
         sampling = Sampling(sampling_params(payload.params), self.device)
+        try:
+            offered = bool(tools.offered(payload.params))
+            calls = CallParser(tools.call_opening(payload.params) or "") if offered else None
+        except tools.ToolsError as err:
+            raise RequestError(rid, str(err)) from None
         before = torch.zeros(0, dtype=ids.dtype)
         if past is not None:
             # An answer cut short (barge-in, cap) never got its <|im_end|>; the template's is added.
@@ -137,6 +159,7 @@ class Thinker:
             sampling=sampling,
             past=past,
             new_from=before.numel(),
+            calls=calls,
         )
 
     # -- ConversationRunner --------------------------------------------------------------------
@@ -201,10 +224,12 @@ class Thinker:
 
     def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
         st: ThinkerState = slot.state
-        stopped = bool(st.tokens) and st.tokens[-1] == self.eos
+        context = st.tokens[-DETOK_CONTEXT:]
+        called = st.calls is not None and st.calls.closed
+        stopped = bool(st.tokens) and (st.tokens[-1] == self.eos or called)
         prompt = int(st.prompt_ids.numel()) if st.prompt_ids is not None else int(st.input_ids.numel())
-        return {
-            "context_ids": st.tokens[-DETOK_CONTEXT:],
+        data: dict[str, Any] = {
+            "context_ids": context,
             "finish_reason": "stop" if stopped else "length",
             "usage": {
                 "prompt_tokens": prompt,
@@ -212,6 +237,11 @@ class Thinker:
                 "total_tokens": prompt + len(st.tokens),
             },
         }
+        if st.calls is not None:
+            # The bytes of an unfinished character, then whatever was held back or left open.
+            last = st.calls.feed(self.token_text.flush(context)).then(st.calls.close())
+            data["parsed"] = {"text": last.text, "function_call": last.call}
+        return data
 
     def release(self, slot: ARSlot) -> None:
         self.pool.release(slot.request_id)
@@ -293,7 +323,18 @@ class Thinker:
         # text), so the runner ends the request itself at EOS or at the cap rather than leave the
         # cap to the scheduler.
         last = token == self.eos or slot.steps + 1 >= slot.cap
-        data = {"token_id": token, "context_ids": context, "token_embed": embed, "last": last, **extra}
+        data = {"token_id": token, "context_ids": context, "token_embed": embed, **extra}
+        if st.calls is not None:
+            parsed: Parsed = st.calls.feed(self.token_text.delta(context, token))
+            data["parsed"] = {"text": parsed.text, "function_call": parsed.call}
+            if st.calls.in_call:
+                # The call's text began at the first token not yet settled as words.
+                st.call_from = st.settled if st.call_from is None else st.call_from
+            elif not st.calls.holding:
+                st.settled = len(st.tokens)
+            data["settled"], data["call_from"] = st.settled, st.call_from
+            last = last or st.calls.closed  # one call per answer (call_parser.py)
+        data["last"] = last
         return ARStepResult(data=data, finished=last)
 
     def _assistant_start(self, ids: torch.Tensor) -> int | None:
