@@ -16,6 +16,7 @@ Definitions (DESIGN.md "Budgets"):
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -160,7 +161,7 @@ def server_pacing(
         gaps.extend(np.diff([t for t, _ in frames]).tolist())
         cuts = sorted([e["t"] for e in probe.enqueues if e["track"] == track]
                       + [t for t, kind in probe.controls[track] if kind == "pause"] + [end])
-        for begin, stop in zip(cuts, cuts[1:]):
+        for begin, stop in itertools.pairwise(cuts):
             underruns += _silent_inside([a for t, a in frames if begin <= t < stop])
     return gaps, underruns
 
@@ -172,20 +173,25 @@ def _silent_inside(audible: list[bool]) -> int:
 
 
 def client_pacing(calls: list[ClientCall]) -> tuple[list[float], int, int]:
-    """Arrival gaps at the clients, silent frames inside answers, and frames missing (pts jumps)."""
+    """Arrival gaps at the clients, silent frames inside answers, and frames missing (pts jumps),
+    all inside answers (first to last audible frame): while the agent is silent the server sends
+    Opus DTX, a packet every 400 ms, so gaps and pts jumps there are by design."""
     gaps: list[float] = []
     underruns = missing = 0
     for call in calls:
-        times = [t for t, _, _ in call.frames]
-        gaps.extend(np.diff(times).tolist())
-        pts = np.array([p for _, _, p in call.frames])
-        missing += int(np.sum(np.maximum(np.diff(pts) // FRAME_PTS - 1, 0))) if len(pts) > 1 else 0
         # An answer lies between the end of its question and the end of the next one: its last
         # frames can still arrive while the next question is being spoken.
         ends = [turn["speech_end"] for turn in call.turns] + [math.inf]
-        for begin, stop in zip(ends, ends[1:]):
-            answer = [peak > AUDIBLE for t, peak, _ in call.frames if begin <= t < stop]
-            underruns += _silent_inside(answer)
+        for begin, stop in itertools.pairwise(ends):
+            frames = [(t, peak > AUDIBLE, pts) for t, peak, pts in call.frames if begin <= t < stop]
+            loud = [i for i, (_, audible, _) in enumerate(frames) if audible]
+            if not loud:
+                continue
+            answer = frames[loud[0] : loud[-1] + 1]
+            gaps.extend(np.diff([t for t, _, _ in answer]).tolist())
+            pts = np.array([p for _, _, p in answer])
+            missing += int(np.sum(np.maximum(np.diff(pts) // FRAME_PTS - 1, 0))) if len(pts) > 1 else 0
+            underruns += _silent_inside([audible for _, audible, _ in answer])
     return gaps, underruns, missing
 
 

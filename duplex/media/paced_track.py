@@ -15,6 +15,14 @@ the audio-level header extension, which browsers do not need); the track then ma
 encoded mono at a complexity chosen by measurement (``evaluation/webrtc_media_cpu.py``), and
 repeats libopus's constant packet for digital silence instead of encoding it again.
 
+While the agent is silent it sends what Opus DTX sends (RFC 7587 §3.1.3; WebRTC does the same): a
+one-byte packet (the TOC byte alone, a frame with no data, which decoders conceal as silence)
+every 400 ms instead of a packet every 20 ms. The RTP timestamps still follow the paced schedule
+and the sequence numbers stay consecutive, so a receiver sees a pause in the talk, not a loss;
+the first frame of speech goes out in its own 20 ms slot. That saves the sender's per-packet work
+(RTP, SRTP, the socket) for 19 of every 20 silent frames (``evaluation/call_cpu.py``); Chromium
+plays the answers that follow (tests/web/test_browser_e2e.py).
+
 The queue itself (items, pause / resume / flush, what was sent of each item) is a
 :class:`~duplex.media.frame_queue.FrameQueue`; the track adds the 20 ms pacing and aiortc's frame
 format. ``stop()`` (the peer closing) drops everything.
@@ -48,6 +56,8 @@ MAX_LAG_SECONDS = 0.2
 # measured choice of evaluation/webrtc_media_cpu.py (encoder CPU against what a recogniser hears).
 OPUS_BITRATE = 96000
 OPUS_COMPLEXITY = 5
+# While silent, one DTX packet every this many frames: 400 ms, as libopus's DTX and WebRTC's.
+DTX_INTERVAL_FRAMES = 20
 
 logger = logging.getLogger(__name__)
 
@@ -130,11 +140,14 @@ class OpusPacketTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, source: OutboundAudioTrack, complexity: int = OPUS_COMPLEXITY) -> None:
+    def __init__(self, source: OutboundAudioTrack, complexity: int = OPUS_COMPLEXITY,
+                 dtx: bool = True) -> None:
         super().__init__()
         source.channels = 1
         self.source = source
         self._encoder = opus_encoder(complexity)
+        self._dtx = dtx
+        self._quiet = 0  # frames of settled silence so far (DTX sends one packet in 20 of them)
         # libopus codes digital silence as one constant 3-byte packet once its state has settled
         # (the second silent frame on). Encoding a silent frame costs as much as speech, so while
         # the agent is quiet that packet is repeated instead. The listener's decoder gets the very
@@ -150,21 +163,30 @@ class OpusPacketTrack(MediaStreamTrack):
 
     async def recv(self) -> av.Packet:
         frame = await self.source.recv()
-        # The mono s16 plane read in place: PyAV's to_ndarray would copy it through numpy.vstack.
-        if np.frombuffer(frame.planes[0], np.int16, frame.samples).any():
-            data = self._encode(frame)
-            self._last_silent = self._silent_packet = None
-        elif self._silent_packet is not None:
-            data = self._silent_packet
-        else:
-            data = self._encode(frame)
-            if data == self._last_silent:
-                self._silent_packet = data
-            self._last_silent = data
+        while (data := self._packet(frame)) is None:
+            frame = await self.source.recv()  # a silent frame DTX skips: on to the next 20 ms
         packet = av.Packet(data)
         packet.pts = frame.pts  # RTP timestamps follow the paced schedule, as with frames
         packet.time_base = TIME_BASE
         return packet
+
+    def _packet(self, frame: av.AudioFrame) -> bytes | None:
+        """The packet to send for ``frame``; None for a silent frame that DTX skips."""
+        # The mono s16 plane read in place: PyAV's to_ndarray would copy it through numpy.vstack.
+        if np.frombuffer(frame.planes[0], np.int16, frame.samples).any():
+            self._last_silent = self._silent_packet = None
+            self._quiet = 0
+            return self._encode(frame)
+        if self._silent_packet is None:
+            data = self._encode(frame)
+            if data == self._last_silent:
+                self._silent_packet = data
+            self._last_silent = data
+            return data
+        if not self._dtx:
+            return self._silent_packet
+        self._quiet += 1
+        return self._silent_packet[:1] if self._quiet % DTX_INTERVAL_FRAMES == 1 else None
 
     def _encode(self, frame: av.AudioFrame) -> bytes:
         packets = self._encoder.encode(frame)

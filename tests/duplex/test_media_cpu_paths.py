@@ -15,6 +15,7 @@ import torch
 from aiortc import RTCRtpSender
 
 from duplex.media.paced_track import (
+    DTX_INTERVAL_FRAMES,
     FRAME_SECONDS,
     OpusPacketTrack,
     OutboundAudioTrack,
@@ -118,7 +119,7 @@ class StepClock:
 async def test_opus_packets_match_encoding_every_frame_silence_included() -> None:
     voice = float_to_pcm16(speech(REPLY, 48000, 0.0, 0.0))
     source = OutboundAudioTrack(clock=StepClock())
-    track = OpusPacketTrack(source)
+    track = OpusPacketTrack(source, dtx=False)
     source.enqueue("a", voice)
     speaking = -(-len(voice) // 960)
     packets = await drive(track, speaking + 60)  # then 1.2 s of silence
@@ -145,6 +146,31 @@ async def test_opus_packets_match_encoding_every_frame_silence_included() -> Non
     assert error == 0 or 10 * np.log10(np.sum(reference ** 2.0) / error) > 40
     track.stop()
     assert source.readyState == "ended"
+
+
+async def test_dtx_sends_a_silence_packet_every_400_ms_and_speech_in_its_own_slot() -> None:
+    voice = float_to_pcm16(speech(REPLY, 48000, 0.0, 0.0))
+    speaking = -(-len(voice) // 960)
+    source = OutboundAudioTrack(clock=StepClock())
+    plain, dtx = OpusPacketTrack(source, dtx=False), OpusPacketTrack(OutboundAudioTrack(clock=StepClock()))
+    for track in (plain, dtx):
+        track.source.enqueue("a", voice)
+    reference = await drive(plain, speaking + 100)  # then 2 s of silence
+    sent = await drive(dtx, speaking + 2 + 5)  # speech, the 2 packets that settle, 5 DTX packets
+    frames = [p.pts // 960 for p in sent]
+    # Every frame up to the settled silence, then one a DTX interval, on the paced schedule.
+    assert frames[: speaking + 2] == list(range(speaking + 2))
+    assert frames[speaking + 2 :] == [speaking + 2 + DTX_INTERVAL_FRAMES * k for k in range(5)]
+    assert [bytes(p) for p in sent[: speaking + 2]] == [bytes(p) for p in reference[: speaking + 2]]
+    assert all(len(bytes(p)) == 1 for p in sent[speaking + 2 :])  # the TOC byte alone
+    # Decoded as the listener decodes them, the DTX packets are silence.
+    assert not opus_decode([bytes(p) for p in sent[speaking:]]).any()
+    # Speech enqueued in the middle of an interval goes out in the very next frame.
+    dtx.source.enqueue("b", voice)
+    (resumed,) = await drive(dtx, 1)
+    assert resumed.pts // 960 == frames[-1] + 1 and len(bytes(resumed)) > 1
+    for track in (plain, dtx):
+        track.stop()
 
 
 def opus_decode(packets: list[bytes]) -> np.ndarray:

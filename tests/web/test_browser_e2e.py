@@ -56,6 +56,23 @@ new MutationObserver(() => {
 """
 
 
+# Keeps the page's peer connections, for their statistics (getStats) in the test.
+PEER_RECORDER = """
+window.__duplexPeers = [];
+window.RTCPeerConnection = class extends window.RTCPeerConnection {
+  constructor(...args) { super(...args); window.__duplexPeers.push(this); }
+};
+"""
+AUDIO_PACKETS_RECEIVED = """async () => {
+  let packets = null;
+  (await window.__duplexPeers[0].getStats()).forEach((s) => {
+    if (s.type === 'inbound-rtp' && s.kind === 'audio') packets = s.packetsReceived;
+  });
+  return packets;
+}"""
+DTX_WINDOW_MS = 1000
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -136,12 +153,22 @@ def test_talk_to_the_agent_and_interrupt_it(server: str, browser: Browser) -> No
     page_errors: list[str] = []
     page.on("pageerror", lambda error: page_errors.append(str(error)))
     page.add_init_script(STATE_RECORDER)
+    page.add_init_script(PEER_RECORDER)
     root = page.locator("html")
 
     page.goto(f"{server}/")
     set_raw_microphone(page)
     page.get_by_role("button", name="Connect").click()
     expect(root).to_have_attribute("data-connection", "connected", timeout=20_000)
+
+    # Before the first answer the agent is silent: Opus DTX sends a packet every 400 ms, not 50 a
+    # second (duplex/media/paced_track.py); the answer after it must still play (below).
+    wait_for(page, AUDIO_PACKETS_RECEIVED, "the first audio packets at the page")
+    before = page.evaluate(AUDIO_PACKETS_RECEIVED)
+    page.wait_for_timeout(DTX_WINDOW_MS)  # a measuring window, not a wait for an event
+    during = page.evaluate(AUDIO_PACKETS_RECEIVED) - before
+    assert "speaking" not in page.evaluate("window.__duplexStates"), "the agent spoke in the window"
+    assert during <= 5, f"{during} audio packets in {DTX_WINDOW_MS} ms of the agent's silence"
     wait_for(page, "() => +document.documentElement.dataset.localLevel > 0.001",
              "the fake microphone's level on the page")
 
