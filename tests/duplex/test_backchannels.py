@@ -25,15 +25,18 @@ def backchannels_total() -> float:
     return value
 
 
-async def agent_speaking(host: Host, pipeline: ScriptedPipeline) -> str:
-    """A question answered with 4 s of audio, 1.5 s of it played: the answer's request id."""
+async def agent_speaking(backchannel_max_ms: int = LONGEST_MS) -> tuple[ScriptedPipeline, Host, str]:
+    """A session whose question is answered with 4 s of audio, 1.5 s of it played: its pipeline,
+    its host, and the answer's request id."""
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline, backchannel_max_ms=backchannel_max_ms)
     await ask(host, pipeline)
     answer = pipeline.requests[0].request_id
     pipeline.push(text="Paris is the capital of France. ", audio=tone(4.0), sample_rate=RATE,
                   spoken_text="Paris is the capital of France. ")
     await host.until(lambda: host.track.queued_seconds >= 3.9)
     await host.silence(75)  # past the echo guard
-    return answer
+    return pipeline, host, answer
 
 
 async def fragment_over_agent(host: Host, pipeline: ScriptedPipeline, words: str) -> str:
@@ -61,9 +64,7 @@ def test_other_words_interrupt(words: str) -> None:
 
 
 async def test_a_backchannel_lets_the_agent_go_on_where_it_paused() -> None:
-    pipeline = ScriptedPipeline()
-    host = Host(pipeline, backchannel_max_ms=LONGEST_MS)
-    answer = await agent_speaking(host, pipeline)
+    pipeline, host, answer = await agent_speaking()
     before = backchannels_total()
     check = await fragment_over_agent(host, pipeline, "Yeah.")
     request = pipeline.requests[1]
@@ -88,9 +89,7 @@ async def test_a_backchannel_lets_the_agent_go_on_where_it_paused() -> None:
 
 
 async def test_words_that_are_no_backchannel_interrupt_and_become_the_next_turn() -> None:
-    pipeline = ScriptedPipeline()
-    host = Host(pipeline, backchannel_max_ms=LONGEST_MS)
-    answer = await agent_speaking(host, pipeline)
+    pipeline, host, answer = await agent_speaking()
     check = await fragment_over_agent(host, pipeline, "Stop.")
     pipeline.push(request_id=check, input_transcript="Stop.")
     await host.until(lambda: answer in pipeline.aborted)
@@ -109,9 +108,7 @@ async def test_words_that_are_no_backchannel_interrupt_and_become_the_next_turn(
 
 
 async def test_speech_longer_than_a_backchannel_interrupts_without_asking() -> None:
-    pipeline = ScriptedPipeline()
-    host = Host(pipeline, backchannel_max_ms=LONGEST_MS)
-    answer = await agent_speaking(host, pipeline)
+    pipeline, host, answer = await agent_speaking()
     await host.feed(speech("Wait, stop, I have another question about that.", 16000, 0.0, 0.0))
     await host.until(lambda: answer in pipeline.aborted)
     assert len(pipeline.requests) == 1, "a fragment too long to be a backchannel was recognised"
@@ -121,9 +118,7 @@ async def test_speech_longer_than_a_backchannel_interrupts_without_asking() -> N
 
 async def test_a_fragment_whose_words_never_come_interrupts() -> None:
     """A pipeline that does not transcribe answers the check without ``input_transcript``."""
-    pipeline = ScriptedPipeline()
-    host = Host(pipeline, backchannel_max_ms=LONGEST_MS)
-    answer = await agent_speaking(host, pipeline)
+    pipeline, host, answer = await agent_speaking()
     check = await fragment_over_agent(host, pipeline, "Yeah.")
     pipeline.push(request_id=check, text="w1 ")
     pipeline.end(check)
@@ -133,9 +128,7 @@ async def test_a_fragment_whose_words_never_come_interrupts() -> None:
 
 
 async def test_without_backchannels_a_word_interrupts_at_once() -> None:
-    pipeline = ScriptedPipeline()
-    host = Host(pipeline)
-    answer = await agent_speaking(host, pipeline)
+    pipeline, host, answer = await agent_speaking(backchannel_max_ms=0)
     await host.feed(speech("Yeah.", 16000, 0.0, 0.0))
     await host.until(lambda: answer in pipeline.aborted)
     assert len(pipeline.requests) == 1, "recognised although backchannels are off"
