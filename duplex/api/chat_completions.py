@@ -35,8 +35,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from duplex.api.auth import app_state, require_key
-from duplex.api.chat_request import ChatRequest, model_messages, parse_request
-from duplex.api.errors import APIError, error_body, read_body, require_pipeline
+from duplex.api.chat_request import ChatRequest, model_messages, parse_request, request_schema
+from duplex.api.errors import ERROR_RESPONSES, APIError, error_body, read_body, require_pipeline
 from duplex.media.pcm import float_to_pcm16
 from duplex.media.resample import Resampler
 from duplex.protocol.wire_audio import PCM_RATE, OutboundEncoder
@@ -45,7 +45,7 @@ from pipeline.proto import OmniRequest, OutputChunk
 
 log = logging.getLogger(__name__)
 JSON_ON_LOOP_BYTES = 256 << 10  # parsed inline below this (a thread hop costs more)
-router = APIRouter(dependencies=[Depends(require_key)])
+router = APIRouter(dependencies=[Depends(require_key)], responses=ERROR_RESPONSES)
 
 AUDIO_TTL_S = 3600  # OpenAI's audio.expires_at; this server keeps nothing, clients only read it
 T = TypeVar("T")
@@ -227,7 +227,10 @@ def _overloaded(message: str) -> APIError:
     return APIError(503, message, "overloaded", kind="server_error", headers={"Retry-After": "1"})
 
 
-@router.post("/v1/chat/completions")
+# The body is read and validated by hand (size cap while streaming, parsing off the loop): the
+# schema declares it for the OpenAPI document only.
+@router.post("/v1/chat/completions", openapi_extra={"requestBody": {
+    "required": True, "content": {"application/json": {"schema": request_schema()}}}})
 async def chat_completions(request: Request) -> Response:
     state = app_state(request)
     pipeline = require_pipeline(state)

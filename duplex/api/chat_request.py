@@ -92,6 +92,25 @@ class ChatRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens
 
 
+def request_schema() -> dict[str, Any]:
+    """ChatRequest's JSON schema with its definitions inlined, for the OpenAPI document: the
+    ``$ref``s of an operation's schema resolve against the whole document, which has no
+    ``$defs``."""
+    schema = ChatRequest.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(definitions[node["$ref"].rsplit("/", 1)[1]])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(value) for value in node]
+        return node
+
+    return inline(schema)
+
+
 def _bad(message: str, param: str | None, code: str = "invalid_value") -> APIError:
     return APIError(400, message, code, param=param)
 

@@ -17,11 +17,12 @@ from fastapi import APIRouter, Depends, Request
 
 from duplex.api.auth import app_state, require_api_key
 from duplex.api.ephemeral_keys import client_secrets
-from duplex.api.errors import APIError, read_body
+from duplex.api.errors import ERROR_RESPONSES, APIError, read_body
 from duplex.protocol.events import new_id
 from duplex.protocol.session_update import apply_session_update, session_object
 
-router = APIRouter(dependencies=[Depends(require_api_key)])  # minting takes the real key
+# Minting takes the real key.
+router = APIRouter(dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
 DEFAULT_TTL_S, MIN_TTL_S, MAX_TTL_S = 600, 10, 7200
 
@@ -40,7 +41,18 @@ def _ttl(body: dict[str, Any]) -> int:
     return seconds
 
 
-@router.post("/v1/realtime/client_secrets")
+# The body is validated by hand (``_ttl``, ``apply_session_update``); this declares it for the
+# OpenAPI document.
+BODY_SCHEMA = {"type": "object", "properties": {
+    "expires_after": {"type": "object", "properties": {
+        "anchor": {"const": "created_at"},
+        "seconds": {"type": "integer", "minimum": MIN_TTL_S, "maximum": MAX_TTL_S}}},
+    "session": {"type": "object", "description": "a session configuration, as in session.update"},
+}}
+
+
+@router.post("/v1/realtime/client_secrets", openapi_extra={"requestBody": {
+    "required": False, "content": {"application/json": {"schema": BODY_SCHEMA}}}})
 async def create_client_secret(request: Request) -> dict[str, Any]:
     state = app_state(request)
     raw = await read_body(request)

@@ -27,6 +27,22 @@ class APIError(Exception):
         self.headers = headers
 
 
+# The OpenAPI declaration of a route's errors: any 4xx or 5xx, always this body (``error_body``:
+# HANDLERS and the origin guard answer every error so), JSON whatever the route's own media type.
+# The ranges also take the place of FastAPI's default ``422`` entry, a status this API never sends:
+# its validation errors are 400s.
+ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": description, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+    for status, description in [
+        ("4XX", "An OpenAI-style error"),
+        ("5XX", "An OpenAI-style error (with Retry-After when it may pass: not ready, overloaded)")]
+}
+
+
 def error_body(message: str, kind: str, code: str | None, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from duplex import metrics
 from duplex.api.auth import app_state, require_key
+from duplex.api.errors import ERROR_RESPONSES
 
 router = APIRouter()
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses={503: {
+    "description": "The pipeline is loading, or broke",
+    "content": {"application/json": {"schema": {"type": "object", "required": ["status"]}}}}})
 async def healthz(request: Request) -> JSONResponse:
     state = app_state(request)
     body = {"status": "ok", "preset": state.settings.preset}
@@ -26,7 +29,8 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
-@router.get("/metrics", dependencies=[Depends(require_key)])
+@router.get("/metrics", dependencies=[Depends(require_key)], response_class=PlainTextResponse,
+            responses=ERROR_RESPONSES)
 async def prometheus(request: Request) -> Response:
     state = app_state(request)
     metrics.OUTBOUND_QUEUE_SECONDS.set(state.registry.queued_seconds())

@@ -14,8 +14,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from duplex.api.auth import app_state, require_key
+from duplex.api.errors import ERROR_RESPONSES
 
-router = APIRouter(dependencies=[Depends(require_key)])
+router = APIRouter(dependencies=[Depends(require_key)], responses=ERROR_RESPONSES)
 
 
 @router.get("/v1/realtime/ice_servers")

@@ -11,8 +11,9 @@ import time
 from fastapi import APIRouter, Depends, Request
 
 from duplex.api.auth import app_state, require_key
+from duplex.api.errors import ERROR_RESPONSES
 
-router = APIRouter(dependencies=[Depends(require_key)])
+router = APIRouter(dependencies=[Depends(require_key)], responses=ERROR_RESPONSES)
 CREATED = int(time.time())  # the server's start: its model exists since then
 
 

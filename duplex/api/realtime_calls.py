@@ -18,14 +18,27 @@ from starlette.types import Message
 
 from duplex.api.auth import app_state, request_secret, require_key
 from duplex.api.ephemeral_keys import apply_secret_session
-from duplex.api.errors import MAX_BODY_BYTES, APIError, read_body, require_pipeline
+from duplex.api.errors import ERROR_RESPONSES, MAX_BODY_BYTES, APIError, read_body, require_pipeline
 from duplex.protocol.session_update import apply_session_update
 from duplex.registry import TooManySessions
 from duplex.transports.webrtc.call import WebRTCCall
 from duplex.transports.webrtc.sdp import SdpError
 
 log = logging.getLogger(__name__)
-router = APIRouter(dependencies=[Depends(require_key)])
+router = APIRouter(dependencies=[Depends(require_key)], responses=ERROR_RESPONSES)
+
+# The offer is read and parsed by hand (size caps while streaming, SDP checks); this declares it for
+# the OpenAPI document.
+OFFER_BODY = {"required": True, "content": {
+    "application/sdp": {"schema": {"type": "string"}},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["sdp"], "properties": {
+        "sdp": {"type": "string"},
+        "session": {"type": "string", "description": "a session configuration (JSON)"}}}},
+}}
+
+
+class SdpResponse(Response):
+    media_type = "application/sdp"
 
 
 async def _offer(request: Request) -> tuple[str, dict[str, Any] | None]:
@@ -67,7 +80,8 @@ async def _capped_form(request: Request) -> FormData:
                                                      max_part_size=MAX_BODY_BYTES)
 
 
-@router.post("/v1/realtime/calls", status_code=201)
+@router.post("/v1/realtime/calls", status_code=201, response_class=SdpResponse,
+             openapi_extra={"requestBody": OFFER_BODY})
 async def create_call(request: Request) -> Response:
     state = app_state(request)
     pipeline = require_pipeline(state)
@@ -93,8 +107,8 @@ async def create_call(request: Request) -> Response:
     except SdpError as err:
         raise APIError(400, str(err), "invalid_sdp", param="sdp") from None
     log.info("call %s started", call.id)
-    return Response(answer, status_code=201, media_type="application/sdp",
-                    headers={"Location": f"/v1/realtime/calls/{call.id}"})
+    return SdpResponse(answer, status_code=201,
+                       headers={"Location": f"/v1/realtime/calls/{call.id}"})
 
 
 async def _hangup(request: Request, call_id: str) -> Response:
@@ -105,11 +119,11 @@ async def _hangup(request: Request, call_id: str) -> Response:
     return Response(status_code=200)
 
 
-@router.post("/v1/realtime/calls/{call_id}/hangup")
+@router.post("/v1/realtime/calls/{call_id}/hangup", response_class=Response)
 async def hangup(request: Request, call_id: str) -> Response:
     return await _hangup(request, call_id)
 
 
-@router.delete("/v1/realtime/calls/{call_id}")
+@router.delete("/v1/realtime/calls/{call_id}", response_class=Response)
 async def delete_call(request: Request, call_id: str) -> Response:
     return await _hangup(request, call_id)

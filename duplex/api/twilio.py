@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
 
 from duplex.api.auth import app_state
-from duplex.api.errors import APIError
+from duplex.api.errors import ERROR_RESPONSES, APIError
 from duplex.app_state import AppState
 from duplex.registry import TooManySessions
 from duplex.transports.twilio import TwilioConnection
@@ -29,11 +29,15 @@ STREAM_PATH = "/v1/telephony/twilio"
 CLOSE_TRY_AGAIN_LATER = 1013
 
 
+class TwimlResponse(Response):
+    media_type = "application/xml"
+
+
 def _token_ok(key: str | None, token: str | None) -> bool:
     return key is None or (token is not None and hmac.compare_digest(token.encode(), key.encode()))
 
 
-@router.post(f"{STREAM_PATH}/voice")
+@router.post(f"{STREAM_PATH}/voice", response_class=TwimlResponse, responses=ERROR_RESPONSES)
 async def voice(request: Request, token: str | None = None) -> Response:
     key = app_state(request).settings.api_key
     if not _token_ok(key, token):
@@ -45,7 +49,7 @@ async def voice(request: Request, token: str | None = None) -> Response:
     parameter = f'<Parameter name="token" value={quoteattr(token)}/>' if token else ""
     twiml = (f'<?xml version="1.0" encoding="UTF-8"?><Response><Connect>'
              f"<Stream url={quoteattr(url)}>{parameter}</Stream></Connect></Response>")
-    return Response(twiml, media_type="application/xml")
+    return TwimlResponse(twiml)
 
 
 @router.websocket(STREAM_PATH)
