@@ -8,7 +8,7 @@ trial asks for a long story, lets 1.5 s of the answer play, then says one fragme
 voices (piper's natural voice and espeak-ng): backchannels ("Yeah.", "Mm-hmm.", ...) that should
 let the agent go on, and short interruptions ("Stop.", "Wait.", ...) that should stop it. Counted:
 how each ended (went on: the same response completed; interrupted: it was cancelled), and for
-those that went on, the silence the listener heard: from the end of the fragment to the agent's
+those that went on, the silence the listener heard: from the fragment's last sound to the agent's
 next audible frame (the agent goes quiet at the fragment's onset in every case). Without
 backchannels (``backchannel_max_ms`` 0) every fragment of word length interrupts, by construction,
 so that mode is not run. Prints a table, writes ``evaluation/results/backchannel_eval.{json,png}``.
@@ -104,7 +104,9 @@ async def trial(pipeline: Any, defaults: SessionDefaults, fragment: np.ndarray) 
             return {"outcome": "unanswered"}
         await silence_until(session, lambda: time.perf_counter() - started >= PLAYED_BEFORE_S, 5.0)
         await feed(session, fragment)
-        said = time.perf_counter()
+        # The fragment's last sound, not the end of the clip: espeak-ng ends its clips in silence.
+        loud = np.flatnonzero(np.abs(fragment) > 0.02)
+        said = time.perf_counter() - (len(fragment) - (loud[-1] if len(loud) else 0)) / RATE
         await silence_until(session, lambda: bool(listener.of("response.done")), AFTER_S)
         done = listener.of("response.done")
         if done and done[0]["response"]["status"] == "cancelled":
