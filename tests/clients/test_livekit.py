@@ -1,27 +1,34 @@
 """LiveKit Agents' OpenAI Realtime plugin, unchanged and with its defaults (semantic_vad, voice
 "marin", input transcription, ``max_output_tokens: "inf"``), against a real server (toy preset):
-two spoken turns answered, ``generate_reply()`` answered, a barge-in, and no error event.
+two spoken turns answered, ``generate_reply()`` answered, a barge-in, a tool call round trip, and
+no error event.
 
 No LiveKit room: ``RealtimeModel.session()`` opens its own connection; the test's microphone pushes
 ``rtc.AudioFrame``s in real time (speech, silence between) and reads the answers from the
-generations the plugin emits.
+generations the plugin emits. Tools run only inside an ``AgentSession`` (it executes an Agent's
+``@function_tool``s, sends their results and asks for the answer), so the tool call runs in one,
+started without a room, its audio output a speaker of the test's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
 from livekit import rtc
+from livekit.agents import Agent, AgentSession, function_tool
+from livekit.agents.voice import io
 from livekit.plugins.openai import realtime
 
 from harness.server import ServerProcess
 from harness.speech import speech
-from tests.api.helpers import API_KEY
+from tests.api.helpers import API_KEY, answer_samples
 
 RATE = 24000
 TIMEOUT = 30.0
@@ -137,3 +144,98 @@ async def test_livekit_agents_converses_with_its_defaults(server: ServerProcess)
         await peer.until("response.done", 5)  # the interruption is answered in turn
     assert not peer.of("error"), peer.of("error")
     assert not peer.errors
+
+
+class Speaker(io.AudioOutput):
+    """The agent session's audio output: keeps every frame, and plays each segment out as soon as
+    it is flushed (the session waits for playout before it takes the answer as spoken)."""
+
+    def __init__(self) -> None:
+        super().__init__(label="test speaker", capabilities=io.AudioOutputCapabilities(pause=False))
+        self.frames: list[rtc.AudioFrame] = []
+        self._segment_s = 0.0
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        if not self._segment_s:
+            self.on_playback_started(created_at=time.time())
+        self.frames.append(frame)
+        self._segment_s += frame.duration
+
+    def flush(self) -> None:
+        super().flush()
+        self._end_segment(interrupted=False)
+
+    def clear_buffer(self) -> None:
+        self._end_segment(interrupted=True)
+
+    def _end_segment(self, interrupted: bool) -> None:
+        if self._segment_s:
+            self.on_playback_finished(playback_position=self._segment_s, interrupted=interrupted)
+            self._segment_s = 0.0
+
+    def samples(self) -> int:
+        return sum(f.samples_per_channel for f in self.frames)
+
+
+class ForecastAgent(Agent):
+    """An agent with one tool, which records the arguments of each call."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="You are a test agent.")
+        self.calls: list[str] = []
+
+    @function_tool
+    async def get_forecast(self, words: str) -> str:
+        """The weather forecast.
+
+        Args:
+            words: What to forecast.
+        """
+        self.calls.append(words)
+        return "sunny"
+
+
+async def test_livekit_agents_tool_call_round_trip(server: ServerProcess) -> None:
+    """The toy calls the agent's tool for the user's question; the session runs it with the
+    server's arguments, sends its result and asks for the answer, which the speaker plays."""
+    model = realtime.RealtimeModel(base_url=f"{server.url}/v1", api_key=API_KEY)
+    agent, speaker = ForecastAgent(), Speaker()
+    session = AgentSession(llm=model)
+    session.output.audio = speaker
+    errors: list[Any] = []
+    session.on("error", errors.append)
+    events: list[dict[str, Any]] = []
+    try:
+        await session.start(agent)
+        # The agent's realtime session exists once it runs; it is still connecting then.
+        agent.realtime_llm_session.on("openai_server_event_received", events.append)
+        async with asyncio.timeout(TIMEOUT):
+            result = await session.run(user_input="What will the weather be tomorrow?")
+    finally:
+        await session.aclose()
+        await model.aclose()
+    assert not [e for e in events if e["type"] == "error"], events
+    assert not errors, errors
+
+    # The server made one call; the session ran the agent's tool once with its arguments, sent the
+    # tool's output, and the answer followed.
+    done = [e["response"] for e in events if e["type"] == "response.done"]
+    assert [r["status"] for r in done] == ["completed", "completed"], done
+    call = done[0]["output"][0]
+    assert call["type"] == "function_call" and call["name"] == "get_forecast", call
+    arguments = json.loads(call["arguments"])
+    assert agent.calls == [arguments["words"]]
+    result.expect.next_event().is_function_call(name="get_forecast", arguments=arguments)
+    result.expect.next_event().is_function_call_output(output="sunny")
+    result.expect.next_event().is_message(role="assistant")
+    result.expect.no_more_events()
+    # The answer came after the function's output, spoken: the speaker played all of its audio.
+    kinds = [(e["type"], e.get("item", {}).get("type")) for e in events]
+    call_done = kinds.index(("response.done", None))
+    answer_created = kinds.index(("response.created", None), call_done)
+    output_added = kinds.index(("conversation.item.added", "function_call_output"))
+    assert call_done < output_added < answer_created
+    answer = done[1]["output"][0]
+    assert answer["type"] == "message" and answer["status"] == "completed", answer
+    assert speaker.samples() == answer_samples(answer["content"][0]["transcript"]) > 0

@@ -12,7 +12,14 @@ raises for that request; ``toy_never_stop`` makes the thinker and talker ignore 
 
 Function calls: with ``tools`` and a ``tool_choice`` that forces a call (``required``, or a named
 function), the answer is that call instead of words: ``function_call`` chunks of
-``{"name", "arguments"}`` (argument deltas that join into ``{"words": "..."}``), and no audio.
+``{"name", "arguments"}`` (argument deltas that join into ``{"words": "..."}``, the words the answer
+would have said), and no audio. Frameworks offer tools with ``tool_choice`` "auto", which the toy
+ignores unless its thinker stage has the option ``call_offered_tools: true``: then it calls the
+first offered tool whenever the turn to answer is the user's (the last message is a user message
+that is not a function's result), and answers in words, with audio, when the turn to answer is a
+function's result (or anything else). Tools offered to the toy this way take a ``words`` string.
+The thinker makes the choice; its output carries ``call`` (the function's name) to the detokenizer
+and the talker, which turn the answer into argument deltas and stay silent.
 """
 
 from __future__ import annotations

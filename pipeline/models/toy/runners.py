@@ -38,8 +38,7 @@ def answer_token(seed: int, k: int) -> int:
 
 def forced_call(params: dict[str, Any]) -> str | None:
     """The function the request forces the model to call (``tool_choice`` "required": the first
-    tool; ``{"type": "function", "name"}``: that one), or None: the toy then answers in words.
-    A forced call's arguments are ``{"words": "<the answer's words>"}`` and it has no audio."""
+    tool; ``{"type": "function", "name"}``: that one), or None."""
     tools, choice = params.get("tools") or [], params.get("tool_choice")
     if not tools:
         return None
@@ -48,11 +47,28 @@ def forced_call(params: dict[str, Any]) -> str | None:
     return str(choice["name"]) if isinstance(choice, dict) else None
 
 
+def chosen_call(
+    inputs: dict[str, Any], params: dict[str, Any], call_offered_tools: bool
+) -> str | None:
+    """The function the toy calls instead of answering in words, or None (see the package
+    docstring): a forced call always; with ``call_offered_tools`` and ``tool_choice`` "auto", the
+    first offered tool when the turn to answer is the user's own (not a function's result)."""
+    forced = forced_call(params)
+    if forced is not None or not call_offered_tools:
+        return forced
+    tools, last = params.get("tools") or [], inputs["messages"][-1]
+    if tools and params.get("tool_choice", "auto") == "auto" and last["role"] == "user" \
+            and last.get("tool_result") is None:
+        return str(tools[0]["name"])
+    return None
+
+
 @dataclass
 class _ThinkerState:
     seed: int
     answer_tokens: int
     never_stop: bool
+    call: str | None  # the function this answer calls (its tokens are the call's arguments)
 
 
 class _ToyAR:
@@ -83,6 +99,7 @@ class ToyThinker(_ToyAR):
         super().__init__(ctx)
         self._answer_tokens = int(ctx.stage.options.get("answer_tokens", 8))
         self._hidden_size = int(ctx.stage.options.get("hidden_size", 1024))
+        self._call_offered_tools = bool(ctx.stage.options.get("call_offered_tools", False))
 
     def new_state(self, payload: StagePayload) -> _ThinkerState:
         messages = payload.data.get("messages") or []
@@ -92,6 +109,7 @@ class ToyThinker(_ToyAR):
             seed=input_seed(payload.data),
             answer_tokens=int(payload.params.get("toy_answer_tokens", self._answer_tokens)),
             never_stop=bool(payload.params.get("toy_never_stop", False)),
+            call=chosen_call(payload.data, payload.params, self._call_offered_tools),
         )
 
     def feed(self, slot: ARSlot, payload: StagePayload) -> None:
@@ -111,10 +129,17 @@ class ToyThinker(_ToyAR):
         token = answer_token(state.seed, slot.steps)
         hidden = torch.full((self._hidden_size,), float(token), dtype=torch.float32)
         last = slot.steps + 1 >= state.answer_tokens and not state.never_stop
-        return ARStepResult({"token_id": token, "hidden": hidden, "step": slot.steps}, finished=last)
+        data = {"token_id": token, "hidden": hidden, "step": slot.steps}
+        return ARStepResult(self._with_call(data, state), finished=last)
 
     def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
-        return {"tokens": slot.steps, "capped": capped}
+        return self._with_call({"tokens": slot.steps, "capped": capped}, slot.state)
+
+    @staticmethod
+    def _with_call(data: dict[str, Any], state: _ThinkerState) -> dict[str, Any]:
+        """``data`` marked with the call the answer makes: the detokenizer and the talker downstream
+        see only the thinker's output, as a real model's stages do, not its input messages."""
+        return data if state.call is None else {**data, "call": state.call}
 
 
 class ToyDetok:
@@ -126,7 +151,7 @@ class ToyDetok:
         for item in batch:
             _check_fail(self._stage, item.payload.request_id, item.payload.params)
             token = item.payload.data.get("token_id")
-            call = forced_call(item.payload.params)
+            call = item.payload.data.get("call")
             if call is None:
                 out.append({"text": "" if token is None else f"w{token} "})
             elif token is None:
@@ -154,7 +179,7 @@ class ToyTalker(_ToyAR):
         return _TalkerState(never_stop=bool(payload.params.get("toy_never_stop", False)))
 
     def feed(self, slot: ARSlot, payload: StagePayload) -> None:
-        if forced_call(slot.params) is None:  # a function call is not spoken
+        if payload.data.get("call") is None:  # a function call is not spoken
             slot.state.tokens.append(int(payload.data["token_id"]))
 
     def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
