@@ -11,17 +11,25 @@
   request every 10 ms. On the toy preset (configs/toy.yaml): a request aborted at its first audio
   chunk while the thinker (5 ms steps) and talker (2 ms steps) work on it, so an abort also waits
   for the step in progress; alone and with 2 or 8 other requests streaming (the toy runs ~40x
-  faster than real time: 8 streams saturate 2 cores).
+  faster than real time: 8 streams saturate 2 cores). And, on the transport alone (process mode:
+  one ZMQ endpoint to another, in this process), an Abort sent behind a backlog of
+  ``BACKLOG`` queued data messages (16 KiB each): how long until the receiver takes it, and how
+  many of the data messages it takes first (aborts have an urgent lane that overtakes data).
 
-Prints a table and writes evaluation/results/pipeline_overhead.{json,png}.
+Prints a table and writes evaluation/results/pipeline_overhead.{json,png}; with ``--aborts-only``
+only the toy preset's abort cases run (before/after a change on the abort path), written to
+evaluation/results/pipeline_overhead_aborts{_LABEL}.{json,png}.
 
     python -m evaluation.pipeline_overhead [--requests 300] [--aborts 200]
+    python -m evaluation.pipeline_overhead --aborts-only [--label after] [--aborts 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,8 +49,9 @@ from evaluation.bench_common import (
 from pipeline.config import PipelineConfig, parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
 from pipeline.models.toy.graphs import relay_chain
-from pipeline.proto import OmniRequest, new_request_id
+from pipeline.proto import Abort, OmniRequest, StagePayload, StreamChunk, new_request_id
 from pipeline.runner import start_pipeline
+from pipeline.transport.zmq_ipc import ZmqEndpoint
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
@@ -53,6 +62,8 @@ CLIENTS = 16
 PACED_CLIENTS = 8
 PACED_PERIOD_S = 0.01
 BUDGET_ABORT_MS = 20.0
+BACKLOG = 500
+BACKLOG_RUNS = 100
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -150,6 +161,35 @@ async def measure_aborts(
         await asyncio.gather(*load)
 
 
+async def measure_abort_behind_backlog(runs: int) -> tuple[list[float], list[int]]:
+    """Seconds from sending an Abort behind ``BACKLOG`` data messages until the receiving
+    endpoint hands it out, and how many data messages it handed out before, ``runs`` times."""
+    directory = Path(tempfile.mkdtemp(prefix="duplex-bench-"))
+    sender = ZmqEndpoint("sender", directory, 1 << 20)
+    receiver = ZmqEndpoint("receiver", directory, 1 << 20)
+    chunk = StreamChunk(StagePayload("busy", {"audio": np.zeros(4000, np.float32)}), "sender", 0)
+    clear: list[float] = []
+    overtaken: list[int] = []
+    try:
+        for run in range(runs):
+            for _ in range(BACKLOG):
+                sender.send("receiver", chunk)
+            started = time.perf_counter()
+            sender.send("receiver", Abort(f"abort-{run}"))
+            taken_before = 0
+            while not isinstance(await receiver.recv(), Abort):
+                taken_before += 1
+            clear.append(time.perf_counter() - started)
+            overtaken.append(taken_before)
+            for _ in range(BACKLOG - taken_before):  # the rest of the backlog, before the next run
+                await receiver.recv()
+    finally:
+        sender.close()
+        receiver.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    return clear, overtaken
+
+
 def _abort_summary(clear: list[float]) -> dict[str, Any]:
     return {**summarize(clear), "raw_ms": (np.array(clear) * 1000).round(3).tolist()}
 
@@ -158,20 +198,12 @@ def toy_preset() -> PipelineConfig:
     return parse_pipeline_config(read_yaml(ROOT / "configs" / "toy.yaml")["pipeline"])
 
 
-async def run(requests: int, aborts: int) -> dict[str, Any]:
+async def run(requests: int, aborts: int, aborts_only: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {"chain": {}, "abort": {}}
     for mode in MODES:
         cases = results["abort"][mode] = {}
-        coordinator = await start_pipeline(relay_chain(CHAIN_STAGES, max_in_flight=64), mode=mode)
-        try:
-            results["chain"][mode] = await measure_chain(coordinator, requests)
-            for label, background in (("idle", 0), (f"{PACED_CLIENTS} clients", PACED_CLIENTS)):
-                clear = await measure_aborts(
-                    coordinator, _abort_idle_id, aborts, background, PACED_PERIOD_S
-                )
-                cases[f"chain, {label}"] = _abort_summary(clear)
-        finally:
-            await coordinator.close()
+        if not aborts_only:
+            await _run_chain(results, cases, mode, requests, aborts)
         coordinator = await start_pipeline(toy_preset(), mode=mode)
         try:
             for background in (0, 2, 8):
@@ -180,7 +212,24 @@ async def run(requests: int, aborts: int) -> dict[str, Any]:
                 cases[f"toy at first audio, {label}"] = _abort_summary(clear)
         finally:
             await coordinator.close()
+    clear, taken_before = await measure_abort_behind_backlog(BACKLOG_RUNS)
+    results["abort"]["process"][f"transport, behind {BACKLOG} queued messages"] = {
+        **_abort_summary(clear), "data_taken_before_abort": summarize(taken_before, scale=1.0),
+    }
     return results
+
+
+async def _run_chain(
+    results: dict[str, Any], cases: dict[str, Any], mode: str, requests: int, aborts: int
+) -> None:
+    coordinator = await start_pipeline(relay_chain(CHAIN_STAGES, max_in_flight=64), mode=mode)
+    try:
+        results["chain"][mode] = await measure_chain(coordinator, requests)
+        for label, background in (("idle", 0), (f"{PACED_CLIENTS} clients", PACED_CLIENTS)):
+            clear = await measure_aborts(coordinator, _abort_idle_id, aborts, background, PACED_PERIOD_S)
+            cases[f"chain, {label}"] = _abort_summary(clear)
+    finally:
+        await coordinator.close()
 
 
 def table(results: dict[str, Any]) -> str:
@@ -201,6 +250,20 @@ def chain_rows(results: dict[str, Any]) -> list[list[Any]]:
         for label, s in cases.items():
             rows.append([mode, f"abort -> all stages clear ({label})", s["p50"], s["p99"]])
     return rows
+
+
+def plot_aborts(results: dict[str, Any], path: Path) -> None:
+    """The abort cases alone (``--aborts-only``): CDF of abort -> every stage acknowledged."""
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for mode in MODES:
+        for label, data in results["abort"][mode].items():
+            raw = np.sort(data["raw_ms"])
+            ax.plot(raw, np.linspace(0, 1, len(raw)), label=f"{mode}, {label}")
+    ax.axvline(BUDGET_ABORT_MS, color="r", linestyle="--", label="budget (p99)")
+    ax.set(title="abort -> every stage acknowledged", xlabel="ms", ylabel="CDF")
+    ax.set_xscale("log")
+    ax.legend(fontsize="small")
+    save_figure(fig, path)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -234,12 +297,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="chain requests per payload")
     parser.add_argument("--aborts", type=int, default=200, help="aborts per case")
+    parser.add_argument("--aborts-only", action="store_true", help="only the toy preset's aborts")
+    parser.add_argument("--label", default="", help="suffix of the --aborts-only result files")
     args = parser.parse_args()
     run_in_loopback_namespace("evaluation.pipeline_overhead")
-    results = asyncio.run(run(args.requests, args.aborts))
+    results = asyncio.run(run(args.requests, args.aborts, args.aborts_only))
     results["machine"] = machine()
     print(table(results))
-    save_results("pipeline_overhead", results, plot)
+    if args.aborts_only:
+        name = "pipeline_overhead_aborts" + (f"_{args.label}" if args.label else "")
+        save_results(name, results, plot_aborts)
+    else:
+        save_results("pipeline_overhead", results, plot)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ request with ``params["conversation_id"]`` may continue the state that stages ke
 conversation, so that only what is new is computed. Client API: ``abort(id, keep_answer_tokens=n)``
 (barge-in: keep what was heard), ``truncate_conversation``, ``close_conversation``. The book of
 conversations and its memory budget are owned here (``pipeline/scheduling/conversation_keeping.py``).
+
+What happens when something breaks (a stage fails a request or crashes, a send cannot be queued,
+the coordinator's own socket reader dies) is in ``pipeline/coordinator_faults.py``.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
 
 from pipeline import metrics
 from pipeline.config import PipelineConfig
+from pipeline.coordinator_faults import CoordinatorFaults
+from pipeline.flights import Flight, PendingAbort, PipelineError, PipelineOverloaded
 from pipeline.proto import (
     COORDINATOR,
     Abort,
@@ -46,46 +50,16 @@ from pipeline.proto import (
     Submit,
 )
 from pipeline.scheduling.conversation_keeping import ConversationKeeping
-from pipeline.transport.base import Endpoint
+from pipeline.transport.base import Endpoint, SendError
 
 log = logging.getLogger(__name__)
 
 ENDED_MEMORY = 65536
 
-
-class PipelineError(RuntimeError):
-    """A request failed in a stage (or the pipeline cannot serve)."""
-
-    def __init__(self, stage: str, message: str) -> None:
-        super().__init__(f"{stage}: {message}")
-        self.stage = stage
-        self.message = message
+__all__ = ["Coordinator", "PipelineError", "PipelineOverloaded"]
 
 
-class PipelineOverloaded(RuntimeError):
-    """More than ``max_in_flight`` requests: rejected at once rather than queued without bound."""
-
-
-@dataclass
-class _Flight:
-    chunks: asyncio.Queue[OutputChunk | PipelineError | None] = field(default_factory=asyncio.Queue)
-    pending_terminals: set[str] = field(default_factory=set)
-    finished: bool = False
-    outcome: str = "aborted"
-    """How it ended: ``done`` (every terminal completed), ``failed`` or ``aborted``."""
-    keep_answer_tokens: int | None = None
-
-
-@dataclass
-class _Abort:
-    pending: set[str]
-    started: float
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    kept_by: dict[str, str | None] = field(default_factory=dict)
-    """Per stage that keeps conversations: what its AbortAck says the kept state ends with."""
-
-
-class Coordinator:
+class Coordinator(CoordinatorFaults):
     """Owns the coordinator endpoint and the bookkeeping of every request in flight.
 
     ``shutdown_hook`` (set by the runner) stops stage processes or tasks when the coordinator closes.
@@ -96,8 +70,8 @@ class Coordinator:
         self.output_sample_rate = output_sample_rate
         self._endpoint = endpoint
         self._stages = [s.name for s in config.stages]
-        self._flights: dict[str, _Flight] = {}
-        self._aborts: dict[str, _Abort] = {}
+        self._flights: dict[str, Flight] = {}
+        self._aborts: dict[str, PendingAbort] = {}
         self._ended = RecentIds(ENDED_MEMORY)
         self._ready_stages: set[str] = set()
         self._all_ready = asyncio.Event()
@@ -108,6 +82,7 @@ class Coordinator:
         self._shm_by_stage: dict[str, int] = {}
         self._crashed: dict[str, str] = {}
         self._casualties: set[str] = set()  # requests a crash failed, until every stage is back
+        self._deaf: str | None = None  # why the reader died, until every stage was heard again
         self._receiver: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -115,7 +90,7 @@ class Coordinator:
         self.stage_pids: dict[str, int] = {}
         """Stage name -> OS pid of its process (process mode only)."""
         self.conversations = ConversationKeeping(
-            config, endpoint.send, self._cut, self.abort, self.stage_stats
+            config, self._send, self._cut, self.abort, self.stage_stats
         )
         """Kept conversation state: the book, its budget, the stages that keep it."""
 
@@ -159,7 +134,7 @@ class Coordinator:
         for pending in self._aborts.values():
             pending.done.set()
         for stage in self._stages:
-            self._endpoint.send(stage, Shutdown())
+            self._send(stage, Shutdown())
         if self.shutdown_hook is not None:
             await self.shutdown_hook()
         if self._receiver is not None:
@@ -188,13 +163,12 @@ class Coordinator:
             raise PipelineOverloaded(
                 f"{len(self._flights)} requests in flight (max_in_flight={self.config.max_in_flight})"
             )
-        flight = _Flight(pending_terminals=set(self.config.terminals))
+        flight = Flight(pending_terminals=set(self.config.terminals))
         request = self.conversations.begin(request)
         self._flights[rid] = flight
         metrics.PIPELINE_REQUESTS_ACTIVE.set(len(self._flights))
-        payload = StagePayload(rid, request.inputs, request.params)
-        self._endpoint.send(self.config.entry, Submit(payload, COORDINATOR))
         try:
+            self._submit(flight, StagePayload(rid, request.inputs, request.params))
             while True:
                 try:
                     # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
@@ -219,6 +193,18 @@ class Coordinator:
                     await asyncio.shield(self.abort(rid))
             finally:
                 self._end(rid)
+
+    def _submit(self, flight: Flight, payload: StagePayload) -> None:
+        """Send the request to the entry stage. One that cannot be queued (a full /dev/shm, the
+        stage at its high-water mark) is held by no stage: its response fails, and the stream's
+        end frees its slot, with no abort to wait for."""
+        try:
+            self._endpoint.send(self.config.entry, Submit(payload, COORDINATOR))
+        except SendError as err:
+            rid = payload.request_id
+            log.error("request %s: not sent to stage %s: %s", rid, self.config.entry, err)
+            flight.fail(PipelineError("pipeline", f"could not send the request: {err}"))
+            self.conversations.end(rid, "failed", None)
 
     async def abort(self, request_id: str, keep_answer_tokens: int | None = None) -> None:
         """Broadcast an abort for ``request_id`` and wait until every stage acknowledged it.
@@ -265,7 +251,7 @@ class Coordinator:
         if request_id not in self._aborts:
             await self._await_abort(request_id, self._broadcast_abort(request_id, conversation))
 
-    async def _await_abort(self, request_id: str, pending: _Abort) -> None:
+    async def _await_abort(self, request_id: str, pending: PendingAbort) -> None:
         try:
             await asyncio.wait_for(pending.done.wait(), self.config.abort_timeout_s)
         except TimeoutError:
@@ -280,18 +266,21 @@ class Coordinator:
 
     def _broadcast_abort(
         self, request_id: str, conversation: tuple[str, int | None] | None = None
-    ) -> _Abort:
-        """Send the abort to every live stage now; ``abort`` waits for the acks and cleans up."""
-        pending = _Abort(set(self._stages) - self._dead_stages(), time.perf_counter())
-        self._aborts[request_id] = pending
+    ) -> PendingAbort:
+        """Send the abort to every live stage now; ``abort`` waits for the acks and cleans up.
+
+        A stage the abort could not be sent to stays pending (it may hold the request): the
+        abort then ends by its timeout."""
         if conversation is None:
             flight = self._flights.get(request_id)
             conversation = self.conversations.abort_target(
                 request_id, flight.keep_answer_tokens if flight is not None else None
             )
         message = Abort(request_id) if conversation is None else Abort(request_id, *conversation)
+        pending = PendingAbort(set(self._stages) - self._dead_stages(), time.perf_counter(), message)
+        self._aborts[request_id] = pending
         for stage in pending.pending:
-            self._endpoint.send(stage, message)
+            self._send(stage, message)
         if not pending.pending:
             pending.done.set()
         return pending
@@ -299,11 +288,11 @@ class Coordinator:
     async def stage_stats(self, timeout: float = 5.0) -> dict[str, StageStats]:
         """A fresh StageStats from every live stage (asked now, answered after pending commands)."""
         token = next(self._tokens)
-        stages = set(self._stages) - self._dead_stages()
+        # A stage the question cannot be sent to (not reading) is left out rather than waited for.
+        live = set(self._stages) - self._dead_stages()
+        stages = {s for s in live if self._send(s, StatsRequest(token))}
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stats_waiters[token] = (set(stages), done)
-        for stage in stages:
-            self._endpoint.send(stage, StatsRequest(token))
         if not stages:
             done.set_result(None)
         try:
@@ -328,7 +317,14 @@ class Coordinator:
 
     async def _receive(self) -> None:
         while True:
-            message = await self._endpoint.recv()
+            try:
+                message = await self._endpoint.recv()
+            except Exception as err:  # noqa: BLE001 - ReaderDied or any fault: never deaf for good
+                self._on_reader_died(err)
+                # A new reader starts at the next recv; one that dies again at once must not spin.
+                await asyncio.sleep(self.config.restart_delay_s)
+                self._in_background(self._hear_again())
+                continue
             try:
                 self._dispatch(message)
             except Exception:  # noqa: BLE001 - one bad message must not stop the coordinator
@@ -378,29 +374,6 @@ class Coordinator:
             flight.chunks.put_nowait(None)
             self.conversations.end(payload.request_id, "done", None)
 
-    def _on_failed(self, rid: str, source: str, error: str) -> None:
-        flight = self._flights.get(rid)
-        log.warning("request %s failed in stage %s: %s", rid, source, error)
-        if flight is None and rid in self._ended:
-            return  # already aborted everywhere
-        if flight is not None and not flight.finished:
-            flight.finished = True
-            flight.outcome = "failed"
-            flight.chunks.put_nowait(PipelineError(source, error))
-        self.conversations.end(rid, "failed", None)
-        self._abort_everywhere(rid)
-
-    def _abort_everywhere(self, rid: str) -> None:
-        """Clear a failed request from every live stage, like an abort (the others may still hold
-        it: a fan-in buffer, a talker waiting for text, would wait forever), and await the acks in
-        the background. Broadcast now, not in the task: the stream may end first and its ended id
-        would make a later abort() a no-op."""
-        if rid not in self._aborts:
-            self._broadcast_abort(rid)
-        task = asyncio.get_running_loop().create_task(self.abort(rid))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     def _on_ack(self, rid: str, source: str) -> None:
         pending = self._aborts.get(rid)
         if pending is None:
@@ -427,48 +400,3 @@ class Coordinator:
             waiting.discard(stats.source)
             if not waiting and not done.done():
                 done.set_result(None)
-
-    def on_stage_crashed(self, stage: str, error: str) -> None:
-        """A stage is gone: fail everything in flight (and clear it from the surviving stages),
-        refuse new requests, stop waiting for it.
-
-        The runner may restart the stage; its Ready then heals the pipeline (``_on_recovered``).
-        """
-        log.error("stage %s crashed: %s", stage, error)
-        self._crashed[stage] = error
-        self._ready_stages.discard(stage)
-        if self._broken is None:
-            self._broken = PipelineError(stage, f"stage crashed: {error}")
-        self.conversations.on_crash(stage)
-        for rid, flight in list(self._flights.items()):
-            self._casualties.add(rid)
-            failed = not flight.finished
-            if failed:
-                flight.finished = True
-                flight.outcome = "failed"
-                flight.chunks.put_nowait(self._broken)
-            self.conversations.end(rid, "failed", None)
-            if failed:
-                self._abort_everywhere(rid)  # the surviving stages may hold it
-        for rid in list(self._aborts):
-            self._on_ack(rid, stage)
-        for token, (waiting, done) in list(self._stats_waiters.items()):
-            waiting.discard(stage)
-            if not waiting and not done.done():
-                done.set_result(None)
-        self._all_ready.set()
-
-    def _on_recovered(self, stage: str) -> None:
-        """A restarted stage is Ready: serve again once no stage is down.
-
-        Messages for requests the crash failed may still reach the new process (ZMQ re-delivers
-        what it queued for the dead one), so it is told to forget every one of them.
-        """
-        log.warning("stage %s is back", stage)
-        del self._crashed[stage]
-        for rid in self._casualties:
-            self._endpoint.send(stage, Abort(rid))
-        if not self._crashed:
-            self._casualties.clear()
-            if not self._closed:
-                self._broken = None

@@ -10,6 +10,8 @@ A preset with ``placement: ray`` runs each stage as a Ray actor instead, whateve
 The runner owns the stage tasks, or the IPC directory and the ProcessSupervisor (which starts,
 watches and restarts the stage processes), or the RaySupervisor of this front end; ``Coordinator.close``
 stops and removes them, or leaves the shared stage actors (through the coordinator's ``shutdown_hook``).
+A stage process in which a stage cannot serve any more (its worker thread or its socket reader died)
+exits, so that the supervisor restarts it as after a crash.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
+
+import zmq
 
 from pipeline.assembly import LOG_FORMAT, build_stage
 from pipeline.config import PipelineConfig, StageConfig
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["inproc", "process"]
 _JOIN_TIMEOUT_S = 10.0
+_FLUSH_MS = 2000
 
 
 async def start_pipeline(
@@ -165,8 +171,31 @@ async def _serve_group(
                 endpoint.close(linger_ms=2000)  # deliver the report before the process exits
             raise SystemExit(1) from err
     watchdog = asyncio.create_task(_exit_with_parent(os.getppid()))
-    await asyncio.gather(*(stage.run() for stage in built))
+    running = {asyncio.create_task(stage.run(), name=f"stage-{stage.name}") for stage in built}
+    while running:
+        done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+        dead = [stage.name for stage in built if stage.failure is not None]
+        if dead:
+            # A stage that cannot serve (its worker or socket reader died) told the coordinator
+            # why; the process exits, so that the supervisor reports every stage of it and starts
+            # it again, as for a crash (and removes the shared memory it held).
+            log.error("stages %s cannot serve: stage process exits", dead)
+            for endpoint in endpoints.values():
+                endpoint.close(linger_ms=_FLUSH_MS)
+            _flush_and_exit(1)
     watchdog.cancel()
+
+
+def _flush_and_exit(code: int) -> NoReturn:
+    """Exit once ZMQ delivered what the closed endpoints still queued (a StageCrashed), or gave
+    up after their linger: a term that never returns must not keep a dead stage alive."""
+    flush = threading.Thread(target=zmq.Context.instance().term, daemon=True)
+    flush.start()
+    flush.join(_FLUSH_MS / 1000 + 1.0)
+    logging.shutdown()
+    os._exit(code)
 
 
 async def _exit_with_parent(parent: int) -> None:

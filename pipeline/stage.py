@@ -5,15 +5,21 @@ Two threads of control, each owning its own state:
   outputs to ``next``/``stream_to`` targets and to the coordinator, and keeps ``_active`` (the
   params and stream sequence numbers of each request in this stage) and ``_gone`` (requests that
   were aborted, failed or finished here, whose late data is dropped and never recreates state);
-- one worker thread owns the scheduler: it applies the commands the loop queues, in order, and
-  steps the scheduler while it has work. Compute never runs on the event loop. It keeps its own
-  ``_ended`` (requests the scheduler finished or failed): commands the loop queued for them before
-  it learned of the end are skipped, so they cannot recreate state that nothing would release.
+- one worker thread (``pipeline/stage_worker.py``) owns the scheduler: it applies the commands
+  the loop queues, in order, and steps the scheduler while it has work. Compute never runs on the
+  event loop.
 
 An abort is applied on the loop at once (the request is marked gone, its fan-in buffer freed) and
-then in the worker, between two steps; the AbortAck leaves only after the scheduler released its
-state (at once when the stage holds nothing of the request). Per-request entries of ``_active`` live from a request's first message to its final output,
-failure or abort.
+then in the worker, before any command queued ahead of it (the worker's urgent lane, as aborts have
+one in the endpoint's inbox) and between two steps; the AbortAck leaves only after the scheduler
+released its state (at once when the stage holds nothing of the request). Per-request entries of
+``_active`` live from a request's first message to its final output, failure or abort.
+
+Faults: an output that cannot be sent (SendError: a full /dev/shm, a target at its high-water mark)
+fails its request only: the stage releases it as for an abort (``_releasing`` holds it until the
+scheduler did) and tells the coordinator, which fails the response and clears the other stages.
+A dead worker thread or socket reader ends ``run`` with ``failure`` set after a StageCrashed: the
+stage cannot serve, and its process exits so that the supervisor starts it again.
 
 Kept conversation state (a scheduler capability, see ``pipeline/scheduling/conversations.py``) is
 the scheduler's, not the stage's: in a stage that keeps conversations, an Abort that names one
@@ -26,9 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +64,8 @@ from pipeline.scheduling.base import (
     conversation_keeper,
     describe_error,
 )
-from pipeline.transport.base import Endpoint
+from pipeline.stage_worker import Counts, StageWorker
+from pipeline.transport.base import Endpoint, ReaderDied, SendError
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +75,11 @@ GONE_MEMORY = 65536
 STATS_INTERVAL_S = 0.2
 
 
-_Counts = tuple[int, int, dict[str, int]]
-"""What the worker reports after a command or step: live requests, queue depth, kept sizes."""
-
-
 @dataclass
 class _Request:
     params: dict[str, Any]
     seq: int = 0
     fan_in: dict[str, StagePayload] = field(default_factory=dict)
-
-
-@dataclass
-class _Command:
-    request_id: str | None
-    run: Callable[[], None]
 
 
 class Stage:
@@ -105,9 +99,11 @@ class Stage:
         self._merge = merge
         self._active: dict[str, _Request] = {}
         self._gone = RecentIds(GONE_MEMORY)
-        self._ended = RecentIds(GONE_MEMORY)
-        self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker: StageWorker | None = None
+        self._releasing: set[str] = set()
+        self._serving: asyncio.Task[None] | None = None
+        self.failure: str | None = None
+        """Why the stage stopped serving on its own (worker or reader died), or None."""
         self._scheduler_live = 0
         self._scheduler_depth = 0
         self._conversation_sizes: dict[str, int] = {}
@@ -117,23 +113,57 @@ class Stage:
     # --- event loop side ------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve until Shutdown; then stop the worker and close the endpoint."""
-        self._loop = asyncio.get_running_loop()
-        worker = threading.Thread(target=self._work, name=f"stage-{self.name}", daemon=True)
+        """Serve until Shutdown, or until the stage cannot serve (``failure``); then stop the
+        worker and close the endpoint."""
+        callbacks = (self._on_worker, self._on_abort_done, self._on_worker_died)
+        self._worker = worker = StageWorker(
+            self.name, self._scheduler, self._keeper, asyncio.get_running_loop(), callbacks
+        )
         worker.start()
         stats = asyncio.create_task(self._report_stats())
-        self._endpoint.send(COORDINATOR, Ready(self.name, self._keeps))
+        self._report(Ready(self.name, self._keeps))
+        self._serving = asyncio.create_task(self._serve_messages(), name=f"stage-{self.name}-loop")
         try:
-            while True:
-                message = await self._endpoint.recv()
-                if isinstance(message, Shutdown):
-                    break
-                self._handle(message)
+            await self._serving
+        except ReaderDied as err:
+            self._die(str(err))
+        except asyncio.CancelledError:
+            if self.failure is None:  # cancelled from outside, not by _die
+                raise
         finally:
             stats.cancel()
-            self._commands.put(None)
-            await asyncio.to_thread(worker.join)
-            self._endpoint.close()
+            await worker.stop()
+            # A dead stage's StageCrashed must leave before its process exits.
+            self._endpoint.close(linger_ms=2000 if self.failure else 0)
+
+    async def _serve_messages(self) -> None:
+        while True:
+            message = await self._endpoint.recv()
+            if isinstance(message, Shutdown):
+                return
+            self._handle(message)
+
+    def _die(self, reason: str) -> None:
+        """Stop serving: nothing would compute, or nothing would be received, any more. A crash the
+        coordinator reports (every request fails, new ones are refused until a restart) instead
+        of requests that hang."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        log.error("stage %s cannot serve: %s", self.name, reason)
+        self._report(StageCrashed(self.name, reason))
+        if self._serving is not None:
+            self._serving.cancel()
+
+    def _report(self, message: ControlMessage) -> None:
+        """Send a control message to the coordinator; one it cannot take is logged, not raised:
+        what it waits for (an ack, a failure, stats) ends by its own timeouts then."""
+        try:
+            self._endpoint.send(COORDINATOR, message)
+        except SendError as err:
+            rid = getattr(message, "request_id", None)
+            kind = type(message).__name__
+            log.error("stage %s: %s for request %s lost: %s", self.name, kind, rid, err)
 
     def _handle(self, message: ControlMessage) -> None:
         match message:
@@ -149,21 +179,21 @@ class Stage:
                 self._keeps
             ):
                 self._forget(rid)
-                self._queue(None, lambda: self._abort_in_worker(rid, (cid, keep)))
+                self._work().abort(rid, (cid, keep))
             case Abort(request_id=rid):
-                held = rid in self._active
+                held = rid in self._active or rid in self._releasing
                 self._forget(rid)
                 if held:
-                    self._queue(None, lambda: self._abort_in_worker(rid))
+                    self._work().abort(rid)
                 else:
                     # Never here, or already ended here: the scheduler released it before its final
                     # output or failure, and the worker skips whatever is still queued for it
                     # (``_ended``). No need to wait for the step in progress to acknowledge.
-                    self._endpoint.send(COORDINATOR, AbortAck(rid, self.name))
+                    self._report(AbortAck(rid, self.name))
             case DropConversation(conversation_id=cid, request_id=rid):
-                self._queue(None, lambda: self._drop_in_worker(cid, rid))
+                self._work().drop_conversation(cid, rid)
             case StatsRequest(token=token):
-                self._queue(None, lambda: self._post_counts(token))
+                self._work().ask_counts(token)
             case _:
                 log.error("stage %s: unexpected message %s", self.name, type(message).__name__)
 
@@ -196,18 +226,22 @@ class Stage:
         self._queue(rid, lambda: self._scheduler.add(payload))
 
     def _fail(self, rid: str, error: str) -> None:
-        self._endpoint.send(COORDINATOR, Failed(rid, self.name, error))
+        self._report(Failed(rid, self.name, error))
         self._forget(rid)
 
     def _forget(self, rid: str) -> None:
         self._active.pop(rid, None)
         self._gone.add(rid)
 
+    def _work(self) -> StageWorker:
+        assert self._worker is not None, "messages are handled only while run() serves"
+        return self._worker
+
     def _queue(self, rid: str | None, run: Callable[[], None]) -> None:
-        self._commands.put(_Command(rid, run))
+        self._work().queue(rid, run)
 
     def _on_worker(
-        self, results: list[StepResult], counts: _Counts, step_s: float | None, token: int | None
+        self, results: list[StepResult], counts: Counts, step_s: float | None, token: int | None
     ) -> None:
         self._scheduler_live, self._scheduler_depth, self._conversation_sizes = counts
         if step_s is not None:
@@ -223,14 +257,13 @@ class Stage:
         if token is not None:
             self._send_stats(token)
 
-    def _on_abort_done(self, rid: str, counts: _Counts, kept_by: str | None = None) -> None:
+    def _on_abort_done(self, rid: str, counts: Counts, kept_by: str | None = None) -> None:
         self._scheduler_live, self._scheduler_depth, self._conversation_sizes = counts
-        self._endpoint.send(COORDINATOR, AbortAck(rid, self.name, kept_by))
+        self._releasing.discard(rid)
+        self._report(AbortAck(rid, self.name, kept_by))
 
     def _on_worker_died(self, error: str) -> None:
-        # Nothing would ever compute or acknowledge again here: a crash the coordinator reports
-        # (every request fails, new ones are refused) instead of requests that hang.
-        self._endpoint.send(COORDINATOR, StageCrashed(self.name, f"worker failed: {error}"))
+        self._die(f"worker failed: {error}")
 
     def _route(self, output: StageOutput) -> None:
         entry = self._active[output.request_id]
@@ -240,21 +273,35 @@ class Stage:
         stream_targets = list(self.config.stream_to)
         if self.config.terminal:
             stream_targets.append(COORDINATOR)
-        if not output.final:
+        try:
+            if not output.final:
+                for target in stream_targets:
+                    self._endpoint.send(target, StreamChunk(payload, self.name, seq))
+                return
             for target in stream_targets:
-                self._endpoint.send(target, StreamChunk(payload, self.name, seq))
+                self._endpoint.send(target, StreamDone(payload, self.name, seq))
+            for target in self.config.next:
+                self._endpoint.send(target, Submit(payload, self.name))
+        except SendError as err:
+            self._drop_unsendable(output.request_id, err)
             return
-        for target in stream_targets:
-            self._endpoint.send(target, StreamDone(payload, self.name, seq))
-        for target in self.config.next:
-            self._endpoint.send(target, Submit(payload, self.name))
         self._forget(output.request_id)
+
+    def _drop_unsendable(self, rid: str, err: SendError) -> None:
+        """An output of ``rid`` could not be sent: the request cannot be answered. Release it here
+        as an abort would (its ack tells the coordinator when the scheduler let go) and fail it;
+        the coordinator's abort then clears what the targets that did get data hold."""
+        log.error("stage %s: request %s failed: output not sent: %s", self.name, rid, err)
+        self._forget(rid)
+        self._releasing.add(rid)
+        self._work().abort(rid)
+        self._report(Failed(rid, self.name, f"could not send its output: {err}"))
 
     def _stats(self, token: int | None) -> StageStats:
         return StageStats(
             source=self.name,
             live_requests=max(len(self._active), self._scheduler_live),
-            queue_depth=self._scheduler_depth + self._commands.qsize(),
+            queue_depth=self._scheduler_depth + self._work().depth(),
             shm_bytes=self._endpoint.shm_bytes(),
             step_seconds=self._step_seconds,
             token=token,
@@ -265,7 +312,7 @@ class Stage:
         stats = self._stats(token)
         self._step_seconds = []
         self._last_stats = self._summary(stats)
-        self._endpoint.send(COORDINATOR, stats)
+        self._report(stats)
 
     @staticmethod
     def _summary(stats: StageStats) -> tuple[int, int, int, int, int]:
@@ -280,78 +327,3 @@ class Stage:
             current = self._summary(stats)
             if stats.step_seconds or current != self._last_stats:
                 self._send_stats(None)
-
-    # --- worker thread side ---------------------------------------------------------------
-
-    def _post(self, callback: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(callback, *args)
-
-    def _counts(self) -> _Counts:
-        return (
-            self._scheduler.live_requests(),
-            self._scheduler.queue_depth(),
-            self._keeper.conversation_sizes() if self._keeper is not None else {},
-        )
-
-    def _abort_in_worker(self, rid: str, conversation: tuple[str, int | None] | None = None) -> None:
-        kept_by = None
-        try:
-            if conversation is None or self._keeper is None:
-                self._scheduler.abort(rid)
-            else:
-                kept_by = self._keeper.abort_conversation(rid, *conversation)
-        finally:
-            # Schedulers drop a request's entry before releasing it, so even a release that raised
-            # left nothing to serve: acknowledge either way, or the abort would wait for nothing.
-            self._post(self._on_abort_done, rid, self._counts(), kept_by)
-
-    def _drop_in_worker(self, cid: str, rid: str | None) -> None:
-        if self._keeper is not None:
-            self._keeper.drop_conversation(cid, rid)
-        self._post(self._on_worker, [], self._counts(), None, None)
-
-    def _post_counts(self, token: int) -> None:
-        self._post(self._on_worker, [], self._counts(), None, token)
-
-    def _work(self) -> None:
-        try:
-            self._serve_commands()
-        except Exception as err:  # noqa: BLE001 - a scheduler bug: reported, not a silent hang
-            log.exception("stage %s: worker failed", self.name)
-            self._post(self._on_worker_died, describe_error(err))
-
-    def _serve_commands(self) -> None:
-        while True:
-            commands = [self._commands.get()] if not self._scheduler.has_work() else []
-            while True:
-                try:
-                    commands.append(self._commands.get_nowait())
-                except queue.Empty:
-                    break
-            failures: list[StepResult] = []
-            for command in commands:
-                if command is None:
-                    return
-                if command.request_id in self._ended:
-                    continue  # queued before the loop learned that the scheduler ended it
-                try:
-                    command.run()
-                except Exception as err:  # noqa: BLE001 - a bad input fails its request only
-                    if command.request_id is None:
-                        log.exception("stage %s: command failed", self.name)
-                        continue
-                    log.warning("stage %s: request %s failed: %s", self.name, command.request_id, err)
-                    self._scheduler.abort(command.request_id)
-                    self._ended.add(command.request_id)
-                    failures.append(RequestFailure(command.request_id, describe_error(err)))
-            if failures:
-                self._post(self._on_worker, failures, self._counts(), None, None)
-            if self._scheduler.has_work():
-                started = time.perf_counter()
-                results = self._scheduler.step()
-                elapsed = time.perf_counter() - started
-                for result in results:
-                    if isinstance(result, RequestFailure) or result.final:
-                        self._ended.add(result.request_id)
-                self._post(self._on_worker, results, self._counts(), elapsed, None)

@@ -7,32 +7,31 @@ model compute never shares a GIL with the loop that paces audio.
 
 from __future__ import annotations
 
-import asyncio
-
 from pipeline.proto import ControlMessage
+from pipeline.transport.inbox import Inbox
 
 
 class InprocHub:
-    """Owns the queues of every endpoint of one pipeline; lives as long as the pipeline."""
+    """Owns the inboxes of every endpoint of one pipeline; lives as long as the pipeline."""
 
     def __init__(self) -> None:
-        self._queues: dict[str, asyncio.Queue[ControlMessage]] = {}
+        self._queues: dict[str, Inbox] = {}
 
     def endpoint(self, name: str) -> InprocEndpoint:
         if name in self._queues:
             raise ValueError(f"endpoint {name!r} already exists")
-        self._queues[name] = asyncio.Queue()
+        self._queues[name] = Inbox()
         return InprocEndpoint(name, self)
 
     def deliver(self, target: str, message: ControlMessage) -> None:
         queue = self._queues.get(target)
         if queue is not None:
-            queue.put_nowait(message)
+            queue.put(message)
 
     def remove(self, name: str) -> None:
         self._queues.pop(name, None)
 
-    def queue(self, name: str) -> asyncio.Queue[ControlMessage]:
+    def queue(self, name: str) -> Inbox:
         return self._queues[name]
 
 

@@ -38,6 +38,7 @@ from pipeline.proto import (
     StreamDone,
     Submit,
 )
+from pipeline.transport.inbox import Inbox
 from pipeline.transport.ray_wire import Link, decode, encode, request_id_of
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class StageEndpoint:
         self.name = name
         self._lookup = lookup
         self._on_crashed = on_crashed
-        self._inbox: asyncio.Queue[ControlMessage] = asyncio.Queue()
+        self._inbox = Inbox()
         self._links: dict[str, Link] = {}
         self._fronts: dict[str, _FrontBox] = {}
         self._routes: OrderedDict[str, str] = OrderedDict()
@@ -114,7 +115,7 @@ class StageEndpoint:
                     _remember(self._routes, rid, origin)
                 if isinstance(message, StatsRequest):
                     _remember(self._stats_fronts, message.token, origin)
-            self._inbox.put_nowait(message)
+            self._inbox.put(message)
 
     def set_status(self, message: Ready | StageCrashed) -> None:
         """What every front end hears first (a stage that could not start reports it this way)."""
@@ -202,7 +203,7 @@ class FrontEndpoint:
         self._handles = handles
         self._terminals = frozenset(terminals)
         self._on_lost = on_lost
-        self._inbox: asyncio.Queue[ControlMessage] = asyncio.Queue()
+        self._inbox = Inbox()
         self._links = {stage: Link(stage, lambda h=h: h) for stage, h in handles.items()}
         self._open: dict[str, set[str]] = {}
         self._tokens: dict[int, int] = {}
@@ -273,7 +274,7 @@ class FrontEndpoint:
                 pending.discard(message.source)
                 if not pending:
                     del self._open[message.payload.request_id]
-        self._inbox.put_nowait(message)
+        self._inbox.put(message)
 
     async def _poll(self, stage: str) -> None:
         """Poll one stage for as long as this front end lives; report its losses."""

@@ -9,7 +9,8 @@ machinery and costs about 0.3 ms a tensor each way, more than the rest of a hop.
 Ownership: the ``ShmWriter`` of the sending endpoint creates a segment and owns it; the receiver
 copies the tensors out (``loads``) and acknowledges; on that acknowledgement the writer unlinks the
 segment (``release``). Whatever is still unacknowledged when the writer closes is unlinked then, so
-nothing outlives the pipeline in /dev/shm.
+nothing outlives the pipeline in /dev/shm. A message that could not be sent after all gives its
+segment back at once (``release``), and one that could not be written (a full /dev/shm) leaves none.
 """
 
 from __future__ import annotations
@@ -127,21 +128,39 @@ class ShmWriter:
         self._held: dict[str, int] = {}
 
     def dumps(self, obj: Any) -> bytes:
+        return self.dump(obj)[0]
+
+    def dump(self, obj: Any) -> tuple[bytes, str | None]:
+        """The pickle of ``obj`` and the segment holding its lifted tensors (None: all inline).
+
+        Raises OSError (a full /dev/shm) with no segment left behind.
+        """
         buf = io.BytesIO()
         pickler = _LiftingPickler(buf, self._threshold)
         pickler.dump(obj)
         segment = pickler.segment
         if segment is not None:
-            fd = os.open(SHM_DIR / segment, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            self._write(segment, pickler.lifted)
+            self._held[segment] = pickler.size
+        return buf.getvalue(), segment
+
+    @staticmethod
+    def _write(segment: str, lifted: list[np.ndarray]) -> None:
+        """Create the segment with ``lifted`` in it; raises OSError (e.g. ENOSPC: /dev/shm is
+        full) with nothing left behind, since a half-written segment would have no owner."""
+        path = SHM_DIR / segment
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             try:
-                for data in pickler.lifted:
+                for data in lifted:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view) :]
             finally:
                 os.close(fd)
-            self._held[segment] = pickler.size
-        return buf.getvalue()
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
 
     def release(self, segment: str) -> None:
         if self._held.pop(segment, None) is not None:

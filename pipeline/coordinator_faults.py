@@ -1,0 +1,151 @@
+"""What the coordinator does when something breaks, so that a fault leaves nothing behind.
+
+- A stage fails a request (``Failed``, e.g. an output it could not send): the response fails and
+  the request is aborted everywhere, since other stages may hold it (a fan-in buffer, a talker
+  waiting for text).
+- A stage crashes (its process died, its worker thread or socket reader died): every response in
+  flight fails and is cleared from the surviving stages; new requests are refused until the
+  restarted stage is Ready, and it is told to forget the requests the crash failed.
+- A control message cannot be queued (``SendError``): logged; what it would have caused ends by
+  its own timeout (an abort, a stats question).
+- The coordinator's own socket reader dies: messages may be lost (chunks, acks), so every response
+  in flight fails and is cleared everywhere, and the pipeline reports it (``failure``, /healthz)
+  until every stage was heard through the new reader.
+
+A mixin of ``Coordinator``: it works on the coordinator's state, on its event loop. Per-fault
+state: ``_crashed`` (stage -> why, until it is Ready again), ``_casualties`` (requests a crash
+failed, until no stage is down), ``_deaf`` (why the reader died, until the stages were heard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from pipeline.flights import Flight, PipelineError
+from pipeline.proto import Abort, ControlMessage
+from pipeline.transport.base import SendError
+
+if TYPE_CHECKING:
+    from pipeline.coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorFaults:
+    def _send(self: Coordinator, target: str, message: ControlMessage) -> bool:
+        """Send a control message; False (and a log line) when it could not be queued."""
+        try:
+            self._endpoint.send(target, message)
+        except SendError as err:
+            rid = getattr(message, "request_id", None)
+            kind = type(message).__name__
+            log.error("coordinator: %s for request %s to %s lost: %s", kind, rid, target, err)
+            return False
+        return True
+
+    def _in_background(self: Coordinator, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _on_failed(self: Coordinator, rid: str, source: str, error: str) -> None:
+        flight = self._flights.get(rid)
+        log.warning("request %s failed in stage %s: %s", rid, source, error)
+        if flight is None and rid in self._ended:
+            return  # already aborted everywhere
+        if flight is not None:
+            flight.fail(PipelineError(source, error))
+        self.conversations.end(rid, "failed", None)
+        self._abort_everywhere(rid)
+
+    def _abort_everywhere(self: Coordinator, rid: str) -> None:
+        """Clear a failed request from every live stage, like an abort (the others may still hold
+        it: a fan-in buffer, a talker waiting for text, would wait forever), and await the acks in
+        the background. Broadcast now, not in the task: the stream may end first and its ended id
+        would make a later abort() a no-op."""
+        if rid not in self._aborts:
+            self._broadcast_abort(rid)
+        self._in_background(self.abort(rid))
+
+    def _fail_flight(self: Coordinator, rid: str, flight: Flight, error: PipelineError) -> None:
+        failed = flight.fail(error)
+        self.conversations.end(rid, "failed", None)
+        if failed:
+            self._abort_everywhere(rid)  # the stages that still work may hold it
+
+    def on_stage_crashed(self: Coordinator, stage: str, error: str) -> None:
+        """A stage is gone: fail everything in flight (and clear it from the surviving stages),
+        refuse new requests, stop waiting for it.
+
+        The runner may restart the stage; its Ready then heals the pipeline (``_on_recovered``).
+        """
+        log.error("stage %s crashed: %s", stage, error)
+        self._crashed[stage] = error
+        self._ready_stages.discard(stage)
+        if self._broken is None:
+            self._broken = PipelineError(stage, f"stage crashed: {error}")
+        self.conversations.on_crash(stage)
+        for rid, flight in list(self._flights.items()):
+            self._casualties.add(rid)
+            self._fail_flight(rid, flight, self._broken)
+        for rid in list(self._aborts):
+            self._on_ack(rid, stage)
+        for token, (waiting, done) in list(self._stats_waiters.items()):
+            waiting.discard(stage)
+            if not waiting and not done.done():
+                done.set_result(None)
+        self._all_ready.set()
+
+    def _on_recovered(self: Coordinator, stage: str) -> None:
+        """A restarted stage is Ready: serve again once no stage is down.
+
+        Messages for requests the crash failed may still reach the new process (ZMQ re-delivers
+        what it queued for the dead one), so it is told to forget every one of them.
+        """
+        log.warning("stage %s is back", stage)
+        del self._crashed[stage]
+        for rid in self._casualties:
+            self._send(stage, Abort(rid))
+        if not self._crashed:
+            self._casualties.clear()
+        self._serve_if_whole()
+
+    def _serve_if_whole(self: Coordinator) -> None:
+        """Serve again when no stage is down and the reader hears; else say what still is wrong."""
+        if self._closed or self._deaf is not None:
+            return
+        if self._crashed:
+            stage, error = next(iter(self._crashed.items()))
+            self._broken = PipelineError(stage, f"stage crashed: {error}")
+        else:
+            self._broken = None
+
+    def _on_reader_died(self: Coordinator, err: Exception) -> None:
+        """Messages to the coordinator may have been lost: no response in flight can be trusted
+        to end, so each fails and is cleared everywhere; the aborts awaiting acks are sent again
+        (aborts are idempotent), and the pipeline refuses requests until it hears every stage."""
+        self._deaf = f"the coordinator's socket reader failed: {err}"
+        log.error("%s; failing %d requests in flight", self._deaf, len(self._flights))
+        if self._broken is None:
+            self._broken = PipelineError("pipeline", self._deaf)
+        for rid, flight in list(self._flights.items()):
+            self._fail_flight(rid, flight, PipelineError("pipeline", self._deaf))
+        for rid, pending in self._aborts.items():
+            for stage in pending.pending:
+                self._send(stage, pending.message)
+
+    async def _hear_again(self: Coordinator) -> None:
+        """After a new reader started: serve again once every live stage answered through it."""
+        while not self._closed:
+            try:
+                await self.stage_stats()
+            except TimeoutError:
+                log.error("coordinator: stages not heard since the reader restarted; asking again")
+                continue
+            log.warning("coordinator: the socket reader hears every stage again")
+            self._deaf = None
+            self._serve_if_whole()
+            return
