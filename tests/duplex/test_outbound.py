@@ -11,7 +11,7 @@ from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
 from prometheus_client import REGISTRY
 
 from duplex.media.frame_queue import TrackEvent
-from duplex.media.paced_track import FRAME_SAMPLES, OutboundAudioTrack
+from duplex.media.paced_track import DTX_INTERVAL_FRAMES, FRAME_SAMPLES, OutboundAudioTrack
 from duplex.transports.webrtc.peer import CallPeer
 from harness.peers import LOOPBACK, ClientPeer, Recorder
 
@@ -148,10 +148,14 @@ async def test_loopback_pair_plays_pauses_resumes_and_flushes() -> None:
         assert track.sent_ms("a") == heard < seconds * 1000
         assert TrackEvent("drained", "a") not in listener.playouts
 
-        # Every 20 ms of the timeline arrived as one frame: RTP timestamps without holes.
-        pts = [p for _, _, p in client.frames]
-        assert np.all(np.diff(pts) == 960)
-        assert all(len(s) == 960 for _, s, _ in client.frames)
+        # Every 20 ms of sound arrived as one frame; in silence one frame in DTX_INTERVAL_FRAMES
+        # (Opus DTX): RTP timestamps advance by whole frames, and skip only where it was quiet.
+        frames = client.frames
+        steps = np.diff([p for _, _, p in frames])
+        assert np.all(steps % 960 == 0) and np.all((steps >= 960) & (steps <= 960 * DTX_INTERVAL_FRAMES))
+        assert all(quiet(before) for (_, before, _), step in zip(frames, steps) if step > 960)
+        assert any(step > 960 for step in steps)  # the silence before the tone was sent as DTX
+        assert all(len(s) == 960 for _, s, _ in frames)
     finally:
         await client.close()
         await server.close()

@@ -4,7 +4,7 @@ It validates the request's messages and turns every user message that has audio 
 nor a ``transcript`` into text (normally only the last one: the session keeps transcripts in its
 history). It passes on text only, so nothing large travels further: ``{"messages": [{"role",
 "text"}], "input_transcript"}``, where ``input_transcript`` is the recognised text of the last
-message, or None when that message came as text. The stage is a terminal too, so the transcript
+message, left out when that message came as text. The stage is a terminal too, so the transcript
 reaches the session as soon as it is recognised, whatever the ``lm`` stage is busy with. Stateless: nothing is kept between items
 (``simple`` scheduler).
 
@@ -181,7 +181,8 @@ class Recognizer:
                     raise RequestError(rid, "the last message has neither text nor audio to answer")
                 continue  # e.g. an assistant turn that was audio only: nothing to show the LM
             out.append({"role": role, "text": str(text)})
-        return {"messages": out, "input_transcript": transcript}
+        # Only a turn heard as audio has a transcript to report (this stage is a terminal too).
+        return {"messages": out} if transcript is None else {"messages": out, "input_transcript": transcript}
 
     def _transcribe(self, rid: str, index: int, message: dict[str, Any]) -> str:
         rate = message.get("sample_rate")
