@@ -34,6 +34,13 @@ def _wire_rate(fmt: str) -> int:
     return PCM_RATE if fmt == "audio/pcm" else G711_RATE
 
 
+def wire_seconds(fmt: str, b64: str) -> float:
+    """How much audio the base64 text ``b64`` in ``fmt`` holds, from its length alone (before any
+    decoding: what a budget is checked against)."""
+    sample_bytes = 2 if fmt == "audio/pcm" else 1
+    return len(b64) * 3 / 4 / sample_bytes / _wire_rate(fmt)
+
+
 class InboundDecoder:
     """base64 audio in ``fmt`` → float32 mono at ``rate`` (the VAD/model rate)."""
 

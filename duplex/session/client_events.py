@@ -21,7 +21,8 @@ from duplex.protocol.events import RealtimeError, error_event, event, new_id
 from duplex.protocol.items import wire_item
 from duplex.protocol.response_create import response_spec
 from duplex.protocol.session_update import apply_session_update
-from duplex.protocol.wire_audio import AudioFormatError, InboundDecoder
+from duplex.protocol.wire_audio import AudioFormatError, InboundDecoder, wire_seconds
+from duplex.rate_limit import TokenBucket
 from duplex.session.history import FunctionCall, Item
 from duplex.session.session import Session
 from duplex.turns.vad import SAMPLE_RATE
@@ -34,6 +35,13 @@ MAX_TEXT_CHARS = 100_000
 # eight sessions' client audio within ~300 MB. One message (16 MiB of base64) can carry ~4 minutes.
 MAX_CLIENT_ITEMS = 32
 MAX_CLIENT_AUDIO_BYTES = 600 * 16000 * 4
+# Appended audio per connection, in seconds of audio a second: a client may upload faster than
+# real time (a recorded file, a catch-up after a stall), but the VAD runs over every second it
+# sends, on the event loop every session shares. 8x real time costs ~4 % of a core; the burst
+# takes a whole longest turn (120 s) at once. An append beyond the budget is refused before it is
+# decoded (its length says how much audio it holds).
+AUDIO_RATE_S = 8.0
+AUDIO_BURST_S = 120.0
 
 
 def _field(message: dict[str, Any], name: str, kind: type, required: bool = True) -> Any:
@@ -58,6 +66,7 @@ class ClientEvents:
         self.session = session
         self._created: set[str] = set()  # ids of the client's items, as long as the history has them
         self._decoder: InboundDecoder | None = None  # input_audio_buffer.append's stream
+        self._audio_budget = TokenBucket(AUDIO_RATE_S, AUDIO_BURST_S)
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
@@ -104,10 +113,17 @@ class ClientEvents:
         session.send(event("session.updated", session=session.session_object()))
 
     async def _append(self, message: dict[str, Any]) -> None:
-        """Audio in the session's input format. A long append goes through the VAD a second of
-        audio at a time, yielding between slices, so one client's upload never stalls the event
-        loop that paces everyone's audio."""
-        audio = self._inbound().decode(_field(message, "audio", str))
+        """Audio in the session's input format, within the connection's audio budget
+        (:data:`AUDIO_RATE_S`). A long append goes through the VAD a second of audio at a time,
+        yielding between slices, so one client's upload never stalls the event loop that paces
+        everyone's audio."""
+        b64 = _field(message, "audio", str)
+        seconds = wire_seconds(self.session.config.input_format, b64)
+        if not self._audio_budget.take(seconds):
+            raise RealtimeError(
+                f"more than {AUDIO_RATE_S:.0f} s of audio a second (bursts of {AUDIO_BURST_S:.0f} s): "
+                f"this append of {seconds:.1f} s was dropped", code="rate_limited", param="audio")
+        audio = self._inbound().decode(b64)
         for start in range(0, len(audio), SAMPLE_RATE):
             self.session.on_audio(audio[start : start + SAMPLE_RATE])
             await asyncio.sleep(0)

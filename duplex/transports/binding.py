@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from duplex.protocol.events import error_event
+from duplex.rate_limit import TokenBucket
 from duplex.registry import SessionRegistry, SessionSlot
 from duplex.session.client_events import ClientEvents, client_event_id
 from duplex.session.session import Session
@@ -59,26 +60,6 @@ class Closing:
 
 
 FLOODING = Closing("client event rate limit exceeded", clients_fault=True)
-
-
-class TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` held; one taken per event."""
-
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.tokens = float(burst)
-        self._at = time.monotonic()
-
-    def take(self) -> bool:
-        """Take a token if there is one (after refilling for the time since the last call)."""
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self._at) * self.rate)
-        self._at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
 
 class SessionBinding:

@@ -1,12 +1,14 @@
 """A client flooding the server with events (tens of thousands of bad ones, as fast as it can) gets
 ``rate_limited`` errors up to a bound and is then closed (WebSocket: 1008 with a reason; WebRTC: the
-call ends), while another session on the same server still has its turn answered. A real server
+call ends), and one appending audio beyond its budget has those appends refused, while another
+session on the same server still has its turn answered. A real server
 of its own (no API key, so harness.calls opens WebRTC calls as they are), a raw websockets flooder,
 the openai SDK for the well-behaved client."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -17,6 +19,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from duplex.session.client_events import AUDIO_BURST_S
 from duplex.transports.binding import EVENT_BURST, EVENT_RATE, FLOODING, MAX_RATE_ERRORS
 from harness.calls import open_call
 from harness.server import ServerProcess, run_server, write_preset
@@ -111,3 +114,30 @@ async def test_a_data_channel_flood_ends_the_call_and_others_are_served(server: 
         assert f"[{call_id}] peer closed ({FLOODING.reason})" in server.log()
     finally:
         await call.peer.close()
+
+
+async def test_audio_beyond_the_connections_budget_is_refused_and_others_are_served(
+        server: ServerProcess) -> None:
+    """Appends of a minute of audio each, back to back: the burst (AUDIO_BURST_S) takes two, the
+    third is refused before it is decoded, with an error naming the budget; the connection and
+    the other sessions go on."""
+    ws_url = server.url.replace("http", "ws", 1) + "/v1/realtime?model=gpt-realtime"
+    minute = base64.b64encode(bytes([0xFF]) * 8000 * 60).decode("ascii")  # μ-law silence, 60 s
+    assert int(AUDIO_BURST_S // 60) == 2
+    received: list[dict[str, Any]] = []
+    first_error = asyncio.Event()
+    async with connect(ws_url, max_size=None) as ws:
+        reader = asyncio.create_task(read_all(ws, received, first_error))
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}}))
+        for _ in range(3):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": minute}))
+        await asyncio.wait_for(first_error.wait(), 30)
+        assert await answered_turn(server) == "completed"
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        await eventually(lambda: any(e["type"] == "input_audio_buffer.cleared" for e in received),
+                         "the connection to go on after the refusal")
+        reader.cancel()
+    (refused,) = [e for e in received if e["type"] == "error"]
+    assert (refused["error"]["code"], refused["error"]["param"]) == ("rate_limited", "audio")
+    assert "60.0 s" in refused["error"]["message"]
