@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from duplex.rate_limit import PerClient
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, ServerSettings
 from duplex.transports.webrtc.ice import IcePolicy
@@ -17,6 +18,10 @@ class AppState:
     policy: IcePolicy
     pipeline: Coordinator | None = None  # None while the pipeline loads
     pipeline_error: str | None = None  # why it could not start
+    # New Realtime WebSocket sessions per client address: a client that is closed for flooding
+    # and comes straight back gets a fresh event budget each time; this bounds how often. 20 at
+    # once (more than max_sessions allows anyway), then 2 a second.
+    new_sessions: PerClient = field(default_factory=lambda: PerClient(rate=2.0, burst=20))
 
     @property
     def settings(self) -> ServerSettings:

@@ -1,12 +1,15 @@
-"""A token bucket: the per-connection rate limits of client events and appended audio.
+"""Token buckets: the per-connection rate limits of client events and appended audio, and the
+per-address limit on new sessions.
 
 One bucket per limit per connection, owned by what enforces it (the transport binding for events,
-the client events for audio), living as long as the connection.
+the client events for audio), living as long as the connection; :class:`PerClient` keeps one per
+client address for the server's life.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 
 class TokenBucket:
@@ -28,3 +31,22 @@ class TokenBucket:
             return False
         self.tokens -= amount
         return True
+
+
+class PerClient:
+    """A :class:`TokenBucket` per client address, for what each client may start (new Realtime
+    WebSocket sessions): the least recently seen addresses are forgotten past ``max_clients``.
+    One per server, for its whole life."""
+
+    def __init__(self, rate: float, burst: float, max_clients: int = 4096) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._max_clients = max_clients
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+
+    def take(self, address: str) -> bool:
+        bucket = self._buckets.pop(address, None) or TokenBucket(self._rate, self._burst)
+        self._buckets[address] = bucket
+        while len(self._buckets) > self._max_clients:
+            self._buckets.popitem(last=False)
+        return bucket.take()

@@ -4,8 +4,9 @@ The handshake is always accepted (answering the ``realtime`` subprotocol when th
 OpenAI's) so that a refusal can carry a close code the client sees, before any event:
 
 - a missing or wrong API key → close 1008;
-- the pipeline still loading, or the server at ``max_sessions`` → an ``error`` event, then
-  close 1013 (try again later).
+- the pipeline still loading, the server at ``max_sessions``, or a client address opening new
+  sessions faster than ``AppState.new_sessions`` allows (20 at once, then 2 a second) → an
+  ``error`` event, then close 1013 (try again later).
 
 Otherwise the connection becomes a WebSocketConnection until the client leaves. The ``model`` query
 parameter (OpenAI's SDKs always send one) is accepted whatever it names and echoed as
@@ -50,6 +51,12 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     pipeline = state.serving_pipeline()
     if pipeline is None:
         await _refuse(websocket, "the model pipeline is not ready", "pipeline_unavailable")
+        return
+    address = websocket.client.host if websocket.client is not None else "unknown"
+    if not state.new_sessions.take(address):
+        log.warning("realtime websocket refused: too many new sessions from %s", address)
+        await _refuse(websocket, "too many new sessions from this address: try again in a second",
+                      "rate_limited")
         return
     connection = WebSocketConnection(websocket, state.settings, pipeline, state.registry,
                                   model or state.settings.preset)

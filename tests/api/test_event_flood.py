@@ -141,3 +141,26 @@ async def test_audio_beyond_the_connections_budget_is_refused_and_others_are_ser
     (refused,) = [e for e in received if e["type"] == "error"]
     assert (refused["error"]["code"], refused["error"]["param"]) == ("rate_limited", "audio")
     assert "60.0 s" in refused["error"]["message"]
+
+
+async def test_new_sessions_from_one_address_are_limited_and_open_ones_go_on(server: ServerProcess) -> None:
+    """A client that reconnects again and again (as a flooder closed with 1008 would) is refused
+    new sessions past its burst, with an error and close 1013; a session it already has goes on."""
+    ws_url = server.url.replace("http", "ws", 1) + "/v1/realtime?model=gpt-realtime"
+    async with realtime(server) as rt:
+        await rt.wait("session.created")
+        refusal = None
+        for opened in range(60):
+            async with connect(ws_url) as ws:
+                first = json.loads(await ws.recv())
+                if first["type"] == "error":
+                    refusal = first
+                    await ws.wait_closed()
+                    break
+        assert refusal is not None, "60 new sessions in a row were all admitted"
+        assert opened >= 10, f"refused after {opened} new sessions: the burst is 20"
+        assert refusal["error"]["code"] == "rate_limited" and ws.close_code == 1013
+        # The session opened before goes on: its turn is answered.
+        await rt.connection.conversation.item.create(item=user_text("What time is it?"))
+        await rt.connection.response.create(response={"max_output_tokens": SHORT_ANSWER})
+        assert (await rt.wait("response.done")).response.status == "completed"
