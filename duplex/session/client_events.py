@@ -81,14 +81,15 @@ class ClientEvents:
             "output_audio_buffer.clear": self._output_clear,
         }
 
-    async def handle(self, message: Any) -> None:
-        """One client event (parsed JSON); a bad one becomes an ``error`` event."""
+    async def handle(self, message: Any) -> bool:
+        """One client event (parsed JSON); a bad one becomes an ``error`` event. False when it is
+        no event of the protocol at all (not an object, no type, an unknown type)."""
         event_id = client_event_id(message)
+        kind = message.get("type") if isinstance(message, dict) else None
+        handler = self._handlers.get(kind) if isinstance(kind, str) else None
         try:
             if not isinstance(message, dict):
                 raise RealtimeError("an event must be a JSON object", code="invalid_event")
-            kind = message.get("type")
-            handler = self._handlers.get(kind) if isinstance(kind, str) else None
             if handler is None:
                 raise RealtimeError(
                     f"unknown event type {kind!r}" if kind else "the event has no type",
@@ -99,6 +100,7 @@ class ClientEvents:
             self.session.send(error_event(str(err), "invalid_audio", "audio", event_id))
         except RealtimeError as err:
             self.session.send(error_event(err.message, err.code, err.param, event_id))
+        return handler is not None
 
     # --- handlers ---------------------------------------------------------------------------
 

@@ -60,6 +60,11 @@ class Closing:
 
 
 FLOODING = Closing("client event rate limit exceeded", clients_fault=True)
+# Messages in a row that are no event of the protocol (not JSON, not an object, no or an unknown
+# type): a client that sends only those is broken or hostile, and each costs an error event. A
+# real client's bugs make a few; the bound ends a garbage stream long before its rate limit would.
+MAX_MALFORMED_RUN = 200
+MALFORMED = Closing(f"more than {MAX_MALFORMED_RUN} malformed events in a row", clients_fault=True)
 
 
 class SessionBinding:
@@ -79,6 +84,7 @@ class SessionBinding:
         self._tasks: list[asyncio.Task[None]] = []
         self._bucket = TokenBucket(EVENT_RATE, EVENT_BURST)
         self._refused = 0  # events refused by the rate limit since the client was last forgiven
+        self._malformed = 0  # malformed messages since the last event of the protocol
         self._closing: asyncio.Task[None] | None = None
         self._ending = False
         self.ended = asyncio.Event()
@@ -129,15 +135,23 @@ class SessionBinding:
             text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
             message = json.loads(text)
         except UnicodeDecodeError:
-            self.session.send(error_event("a binary message must be UTF-8 JSON", "invalid_json"))
-            return None
+            return self._refuse_malformed("a binary message must be UTF-8 JSON", "invalid_json")
         except (ValueError, RecursionError) as err:
-            self.session.send(error_event(f"the message is not valid JSON: {err}", "invalid_json"))
-            return None
+            return self._refuse_malformed(f"the message is not valid JSON: {err}", "invalid_json")
         if not isinstance(message, dict):
-            self.session.send(error_event("an event must be a JSON object", "invalid_event"))
-            return None
+            return self._refuse_malformed("an event must be a JSON object", "invalid_event")
         return message
+
+    def _refuse_malformed(self, message: str, code: str) -> None:
+        self.session.send(error_event(message, code))
+        self._count_malformed(True)
+
+    def _count_malformed(self, malformed: bool) -> None:
+        """Past :data:`MAX_MALFORMED_RUN` malformed messages in a row, close as :data:`MALFORMED`."""
+        self._malformed = self._malformed + 1 if malformed else 0
+        if self._malformed > MAX_MALFORMED_RUN and self._closing is None:
+            self.log.warning("client sends only malformed events: closing the connection")
+            self._closing = asyncio.get_running_loop().create_task(self._close_transport(MALFORMED))
 
     def admit_event(self) -> bool:
         """Whether one more client message may be handled now (see :data:`EVENT_RATE`). When not,
@@ -172,7 +186,7 @@ class SessionBinding:
     async def handle(self, message: dict[str, Any]) -> None:
         """Handle one client event now; an unexpected failure becomes an ``error`` event."""
         try:
-            await self.events.handle(message)
+            self._count_malformed(not await self.events.handle(message))
         except Exception:  # one bad event must not end the session or the server
             kind = message.get("type")
             self.log.exception("event %r failed", kind)

@@ -1,6 +1,6 @@
-"""A client flooding the server with events (tens of thousands of bad ones, as fast as it can) gets
+"""A client flooding the server with events (tens of thousands, as fast as it can) gets
 ``rate_limited`` errors up to a bound and is then closed (WebSocket: 1008 with a reason; WebRTC: the
-call ends), and one appending audio beyond its budget has those appends refused, while another
+call ends), one sending garbage is closed after a bounded run of it, and one appending audio beyond its budget has those appends refused, while another
 session on the same server still has its turn answered. A real server
 of its own (no API key, so harness.calls opens WebRTC calls as they are), a raw websockets flooder,
 the openai SDK for the well-behaved client."""
@@ -20,7 +20,14 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from duplex.session.client_events import AUDIO_BURST_S
-from duplex.transports.binding import EVENT_BURST, EVENT_RATE, FLOODING, MAX_RATE_ERRORS
+from duplex.transports.binding import (
+    EVENT_BURST,
+    EVENT_RATE,
+    FLOODING,
+    MALFORMED,
+    MAX_MALFORMED_RUN,
+    MAX_RATE_ERRORS,
+)
 from harness.calls import open_call
 from harness.server import ServerProcess, run_server, write_preset
 from tests.api.helpers import PIPELINE, SHORT_ANSWER, eventually, realtime, user_text
@@ -28,6 +35,9 @@ from tests.api.helpers import PIPELINE, SHORT_ANSWER, eventually, realtime, user
 log = logging.getLogger(__name__)
 
 FLOOD = 20_000
+# A valid event that costs the server next to nothing: the flood meets the rate limit, not the
+# bound on malformed events in a row.
+CHEAP_EVENT = json.dumps({"type": "input_audio_buffer.clear"})
 BAD_EVENT = json.dumps({"type": "no.such.event"})
 
 
@@ -42,10 +52,9 @@ def rate_limited(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["type"] == "error" and e["error"]["code"] == "rate_limited"]
 
 
-def error_bound(seconds: float) -> float:
-    """The most errors a flood of ``seconds`` can earn: its burst and refill handled (each a bad
-    event's error), then the rate-limit errors."""
-    return EVENT_BURST + EVENT_RATE * seconds + MAX_RATE_ERRORS
+def handled_bound(seconds: float) -> float:
+    """The most events a flood of ``seconds`` has handled: its burst and refill."""
+    return EVENT_BURST + EVENT_RATE * seconds
 
 
 async def read_all(ws: ClientConnection, received: list[dict[str, Any]], first: asyncio.Event) -> None:
@@ -59,11 +68,11 @@ async def read_all(ws: ClientConnection, received: list[dict[str, Any]], first: 
         pass
 
 
-async def flood(ws: ClientConnection) -> None:
-    """Send FLOOD bad events, or as many as go before the server closes the connection."""
+async def flood(ws: ClientConnection, message: str = CHEAP_EVENT) -> None:
+    """Send FLOOD messages, or as many as go before the server closes the connection."""
     try:
         for _ in range(FLOOD):
-            await ws.send(BAD_EVENT)
+            await ws.send(message)
     except ConnectionClosed:
         log.info("the server closed the flooding connection mid-flood")
 
@@ -90,26 +99,44 @@ async def test_a_websocket_flood_is_closed_with_1008_and_others_are_served(serve
         await asyncio.wait_for(asyncio.gather(reader, flooding), 30)
         elapsed = time.monotonic() - started
     assert (ws.close_code, ws.close_reason) == (1008, FLOODING.reason)  # policy violation
+    assert [e for e in received if e["type"] == "error"] == rate_limited(received)
     assert len(rate_limited(received)) == MAX_RATE_ERRORS
-    errors = [e for e in received if e["type"] == "error"]
-    assert len(errors) <= error_bound(elapsed), (len(errors), elapsed)
-    log.info("%d errors in %.1f s before the 1008 close", len(errors), elapsed)
+    handled = sum(e["type"] == "input_audio_buffer.cleared" for e in received)
+    assert handled <= handled_bound(elapsed), (handled, elapsed)
+    log.info("%d events handled in %.1f s before the 1008 close", handled, elapsed)
+
+
+async def test_a_stream_of_garbage_is_closed_long_before_its_rate_limit(server: ServerProcess) -> None:
+    """Messages that are no event at all, as fast as they go: each gets its error until
+    MAX_MALFORMED_RUN of them in a row, then the connection is closed (1008), long before the
+    rate limit's burst would have ended it."""
+    ws_url = server.url.replace("http", "ws", 1) + "/v1/realtime?model=gpt-realtime"
+    received: list[dict[str, Any]] = []
+    async with connect(ws_url, max_queue=None) as ws:
+        reader = asyncio.create_task(read_all(ws, received, asyncio.Event()))
+        await asyncio.wait_for(asyncio.gather(reader, flood(ws, BAD_EVENT)), 30)
+    assert (ws.close_code, ws.close_reason) == (1008, MALFORMED.reason)
+    errors = [e["error"]["code"] for e in received if e["type"] == "error"]
+    assert set(errors) == {"unknown_event"}
+    assert MAX_MALFORMED_RUN < len(errors) < EVENT_BURST
 
 
 async def test_a_data_channel_flood_ends_the_call_and_others_are_served(server: ServerProcess) -> None:
-    """The call ends at once, so the events still in its outbound buffer (the errors) are lost
-    with it: the client sees some errors and the server's end of the call, not all of them."""
+    """The call ends at once, so the events still in its outbound buffer (the rate-limit errors
+    among them) are lost with it: the client sees events handled and the server's end of the
+    call, and the server's log says why."""
     call = await open_call(server)
     started = time.monotonic()
     try:
         for _ in range(FLOOD):
-            call.peer.channel.send(BAD_EVENT)
-        await call.wait_event("error")  # the flood is being handled: now the other session's turn
+            call.peer.channel.send(CHEAP_EVENT)
+        # The flood is being handled: now the other session's turn.
+        await call.wait_event("input_audio_buffer.cleared")
         assert await answered_turn(server) == "completed"
         await eventually(lambda: server.metric("duplex_sessions_active", {"transport": "webrtc"}) == 0,
                          "the flooding call to end")
-        errors = [e for e in call.events() if e["type"] == "error"]
-        assert 0 < len(errors) <= error_bound(time.monotonic() - started)
+        handled = sum(e["type"] == "input_audio_buffer.cleared" for e in call.events())
+        assert handled <= handled_bound(time.monotonic() - started)
         call_id = call.path.rsplit("/", 1)[1]
         assert f"[{call_id}] peer closed ({FLOODING.reason})" in server.log()
     finally:

@@ -26,7 +26,7 @@ from pipeline.scheduling.conversation_book import ConversationBook
 from tests.models.cases import talker_cap, user
 from tests.models.conftest import tiny_config
 from tests.models.staged import Result, Staged
-from tests.pipeline.helpers import assert_no_live_state, collect, running
+from tests.pipeline.helpers import assert_no_live_state, collect, running, wait_clear
 
 CONFIG = tiny_config()
 TURNS = ["hello there how are you", "tell me about the weather", "and what about tomorrow"]
@@ -226,6 +226,9 @@ async def test_eviction_rebuild_and_close_through_the_coordinator(mode: str) -> 
             assert tokens == tokens2
             assert np.array_equal(audio, audio2)
         await coordinator.close_conversation("k")
+        # Stages report a request's release with their next stats, after its end reached the
+        # coordinator: wait for that, then nothing may be held.
+        await wait_clear(coordinator)
         stats = await coordinator.stage_stats()
         assert_no_live_state(stats)
         assert all(not s.conversations for s in stats.values())
