@@ -25,6 +25,7 @@ interruption, as it would without backchannels.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 from collections.abc import Callable
@@ -94,11 +95,14 @@ class BackchannelCheck:
         self._on_verdict(verdict)
 
     async def _transcript(self) -> str | None:
-        # Leaving the stream early (the transcript came) aborts the request's other stages.
-        async for chunk in self._pipeline.stream(self._request):
-            transcript = chunk.data.get("input_transcript")
-            if transcript is not None:
-                return str(transcript)
+        # aclosing, as a Response streams: leaving early (the transcript came, the check was
+        # cancelled) aborts the request's other stages now, not when the generator is collected.
+        chunks = self._pipeline.stream(self._request)
+        async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+            async for chunk in chunks:
+                transcript = chunk.data.get("input_transcript")
+                if transcript is not None:
+                    return str(transcript)
         return None
 
     def cancel(self) -> None:

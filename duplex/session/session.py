@@ -72,7 +72,6 @@ from duplex.turns.vad import SAMPLE_RATE, WINDOW
 log = logging.getLogger(__name__)
 
 
-
 class Session:
     def __init__(
         self,
