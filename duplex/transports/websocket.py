@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -41,14 +40,6 @@ SHUTDOWN_GRACE_S = 5.0
 MAX_UNSENT_BYTES = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class _Close:
-    """Queued after the events that must go out first: the writer then closes the socket."""
-
-    code: int
-    reason: str
-
-
 class WebSocketConnection:
     kind = "websocket"
 
@@ -56,7 +47,8 @@ class WebSocketConnection:
                  registry: SessionRegistry, model_name: str) -> None:
         self.id = new_id("sess")
         self.websocket = websocket
-        self._outbox: asyncio.Queue[str | _Close] = asyncio.Queue()
+        # Events, then a Closing queued after those that must go out first (the writer then closes).
+        self._outbox: asyncio.Queue[str | Closing] = asyncio.Queue()
         self._unsent = 0  # bytes of the events in the outbox
         self.session = Session(self.id, self, ClientPlayout(), pipeline, settings.session,
                                settings.voices, model_name)
@@ -85,7 +77,7 @@ class WebSocketConnection:
     async def _close(self, closing: Closing) -> None:
         """End the connection from the server (shutdown, flood): close frame after the events
         already queued, then wait for ``run``."""
-        self._outbox.put_nowait(_Close(closing.websocket_code, closing.reason))
+        self._outbox.put_nowait(closing)
         await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
     # --- SessionTransport --------------------------------------------------------------------
@@ -120,8 +112,8 @@ class WebSocketConnection:
         while True:
             item = await self._outbox.get()
             try:
-                if isinstance(item, _Close):
-                    await self.websocket.close(item.code, item.reason)
+                if isinstance(item, Closing):
+                    await self.websocket.close(item.websocket_code, item.reason)
                     return
                 self._unsent -= len(item)
                 await self.websocket.send_text(item)
