@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.flights import Flight, PipelineError
 from pipeline.proto import Abort, ControlMessage
-from pipeline.transport.base import SendError
+from pipeline.transport.base import send_control
 
 if TYPE_CHECKING:
     from pipeline.coordinator import Coordinator
@@ -37,14 +37,7 @@ log = logging.getLogger(__name__)
 class CoordinatorFaults:
     def _send(self: Coordinator, target: str, message: ControlMessage) -> bool:
         """Send a control message; False (and a log line) when it could not be queued."""
-        try:
-            self._endpoint.send(target, message)
-        except SendError as err:
-            rid = getattr(message, "request_id", None)
-            kind = type(message).__name__
-            log.error("coordinator: %s for request %s to %s lost: %s", kind, rid, target, err)
-            return False
-        return True
+        return send_control(self._endpoint, target, message, "coordinator")
 
     def _in_background(self: Coordinator, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

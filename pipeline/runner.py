@@ -37,6 +37,7 @@ from pipeline.models import ModelSpec, resolve
 from pipeline.proto import COORDINATOR, StageCrashed
 from pipeline.stage import Stage
 from pipeline.supervisor import ProcessSupervisor
+from pipeline.transport.base import LAST_WORDS_LINGER_MS
 from pipeline.transport.inproc import InprocHub
 from pipeline.transport.zmq_ipc import ZmqEndpoint
 
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["inproc", "process"]
 _JOIN_TIMEOUT_S = 10.0
-_FLUSH_MS = 2000
 
 
 async def start_pipeline(
@@ -168,7 +168,7 @@ async def _serve_group(
             detail = "".join(traceback.format_exception_only(err)).strip()
             endpoints[stage.name].send(COORDINATOR, StageCrashed(stage.name, f"could not start: {detail}"))
             for endpoint in endpoints.values():
-                endpoint.close(linger_ms=2000)  # deliver the report before the process exits
+                endpoint.close(linger_ms=LAST_WORDS_LINGER_MS)  # deliver the report before exiting
             raise SystemExit(1) from err
     watchdog = asyncio.create_task(_exit_with_parent(os.getppid()))
     running = {asyncio.create_task(stage.run(), name=f"stage-{stage.name}") for stage in built}
@@ -183,7 +183,7 @@ async def _serve_group(
             # it again, as for a crash (and removes the shared memory it held).
             log.error("stages %s cannot serve: stage process exits", dead)
             for endpoint in endpoints.values():
-                endpoint.close(linger_ms=_FLUSH_MS)
+                endpoint.close(linger_ms=LAST_WORDS_LINGER_MS)
             _flush_and_exit(1)
     watchdog.cancel()
 
@@ -193,7 +193,7 @@ def _flush_and_exit(code: int) -> NoReturn:
     up after their linger: a term that never returns must not keep a dead stage alive."""
     flush = threading.Thread(target=zmq.Context.instance().term, daemon=True)
     flush.start()
-    flush.join(_FLUSH_MS / 1000 + 1.0)
+    flush.join(LAST_WORDS_LINGER_MS / 1000 + 1.0)
     logging.shutdown()
     os._exit(code)
 

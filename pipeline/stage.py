@@ -65,7 +65,13 @@ from pipeline.scheduling.base import (
     describe_error,
 )
 from pipeline.stage_worker import Counts, StageWorker
-from pipeline.transport.base import Endpoint, ReaderDied, SendError
+from pipeline.transport.base import (
+    LAST_WORDS_LINGER_MS,
+    Endpoint,
+    ReaderDied,
+    SendError,
+    send_control,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +140,7 @@ class Stage:
             stats.cancel()
             await worker.stop()
             # A dead stage's StageCrashed must leave before its process exits.
-            self._endpoint.close(linger_ms=2000 if self.failure else 0)
+            self._endpoint.close(linger_ms=LAST_WORDS_LINGER_MS if self.failure else 0)
 
     async def _serve_messages(self) -> None:
         while True:
@@ -158,12 +164,7 @@ class Stage:
     def _report(self, message: ControlMessage) -> None:
         """Send a control message to the coordinator; one it cannot take is logged, not raised:
         what it waits for (an ack, a failure, stats) ends by its own timeouts then."""
-        try:
-            self._endpoint.send(COORDINATOR, message)
-        except SendError as err:
-            rid = getattr(message, "request_id", None)
-            kind = type(message).__name__
-            log.error("stage %s: %s for request %s lost: %s", self.name, kind, rid, err)
+        send_control(self._endpoint, COORDINATOR, message, f"stage {self.name}")
 
     def _handle(self, message: ControlMessage) -> None:
         match message:

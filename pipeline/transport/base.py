@@ -13,9 +13,16 @@ endpoint's socket failed; the owner of the endpoint decides what that costs (a r
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from pipeline.proto import ControlMessage
+
+log = logging.getLogger(__name__)
+
+LAST_WORDS_LINGER_MS = 2000
+"""How long a closing endpoint gives ZMQ to deliver what it still queues (a stage's crash report)
+before its process exits."""
 
 
 class SendError(RuntimeError):
@@ -42,3 +49,15 @@ class Endpoint(Protocol):
 
     def close(self, linger_ms: int = 0) -> None:
         """Stop receiving and free everything this endpoint holds (``linger_ms``: time to deliver)."""
+
+
+def send_control(endpoint: Endpoint, target: str, message: ControlMessage, sender: str) -> bool:
+    """Send a control message whose loss ends by its own timeout (an ack, a failure, stats, an
+    abort); False, and a log line naming ``sender``, when it could not be queued."""
+    try:
+        endpoint.send(target, message)
+    except SendError as err:
+        rid = getattr(message, "request_id", None)
+        log.error("%s: %s for request %s to %s lost: %s", sender, type(message).__name__, rid, target, err)
+        return False
+    return True
