@@ -48,6 +48,10 @@ class Parsed:
             call = {"name": later.call["name"], "arguments": self.call["arguments"] + later.call["arguments"]}
         return Parsed(self.text + later.text, call)
 
+    def as_data(self) -> dict[str, Any]:
+        """The chunk field ``parsed`` that carries this to the ``decode`` stage."""
+        return {"text": self.text, "function_call": self.call}
+
 
 def _held(text: str, tag: str) -> int:
     """How many characters at the end of ``text`` may begin ``tag`` (they wait for the next delta)."""

@@ -240,7 +240,7 @@ class Thinker:
         if st.calls is not None:
             # The bytes of an unfinished character, then whatever was held back or left open.
             last = st.calls.feed(self.token_text.flush(context)).then(st.calls.close())
-            data["parsed"] = {"text": last.text, "function_call": last.call}
+            data["parsed"] = last.as_data()
         return data
 
     def release(self, slot: ARSlot) -> None:
@@ -326,7 +326,7 @@ class Thinker:
         data = {"token_id": token, "context_ids": context, "token_embed": embed, **extra}
         if st.calls is not None:
             parsed: Parsed = st.calls.feed(self.token_text.delta(context, token))
-            data["parsed"] = {"text": parsed.text, "function_call": parsed.call}
+            data["parsed"] = parsed.as_data()
             if st.calls.in_call:
                 # The call's text began at the first token not yet settled as words.
                 st.call_from = st.settled if st.call_from is None else st.call_from
