@@ -30,6 +30,7 @@ from duplex.media.playout import PacedPlayout
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from evaluation.bench_common import ROOT, format_table, machine, save_figure, save_results
+from evaluation.live_session import silence_until, speak
 from harness.speech import natural_speech, speech
 from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.models.offline.sources import lm_source, prepare_lm
@@ -39,7 +40,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 RATE = 16000
-STEP = RATE // 50  # 20 ms
 QUESTION = "Please tell me a long story about a brave knight and a dragon."
 BACKCHANNELS = ["Yeah.", "Mm-hmm.", "Okay.", "Right.", "Uh-huh.", "I see.", "Got it.", "Sure."]
 INTERRUPTIONS = ["Stop.", "Wait.", "No.", "Hold on.", "What?", "Sorry?"]
@@ -79,31 +79,18 @@ class Listener:
         self.track.stop()
 
 
-async def feed(session: Session, audio: np.ndarray) -> None:
-    for start in range(0, len(audio) - STEP + 1, STEP):
-        session.on_audio(audio[start : start + STEP])
-        await asyncio.sleep(0.02)
-
-
-async def silence_until(session: Session, condition: Any, limit_s: float) -> None:
-    quiet, began = np.zeros(STEP, np.float32), time.perf_counter()
-    while not condition() and time.perf_counter() - began < limit_s:
-        session.on_audio(quiet)
-        await asyncio.sleep(0.02)
-
-
 async def trial(pipeline: Any, defaults: SessionDefaults, fragment: np.ndarray) -> dict[str, Any]:
     listener = Listener()
     session = Session("sess_backchannel", listener, PacedPlayout(listener.track), pipeline, defaults,
                       ["default"], "offline")
     try:
-        await feed(session, natural_speech(QUESTION, RATE, 0.3, 0.0))
+        await speak(session, natural_speech(QUESTION, RATE, 0.3, 0.0))
         await silence_until(session, lambda: listener.audible_since(0.0) is not None, 15.0)
         started = listener.audible_since(0.0)
         if started is None:
             return {"outcome": "unanswered"}
         await silence_until(session, lambda: time.perf_counter() - started >= PLAYED_BEFORE_S, 5.0)
-        await feed(session, fragment)
+        await speak(session, fragment)
         # The fragment's last sound, not the end of the clip: espeak-ng ends its clips in silence.
         loud = np.flatnonzero(np.abs(fragment) > 0.02)
         said = time.perf_counter() - (len(fragment) - (loud[-1] if len(loud) else 0)) / RATE

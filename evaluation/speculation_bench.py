@@ -32,6 +32,7 @@ from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from duplex.turns.config import TurnDetection
 from evaluation.bench_common import ROOT, format_table, machine, save_figure, save_results
+from evaluation.live_session import silence_until, speak
 from harness.speech import natural_speech
 from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.models.offline.sources import lm_source, prepare_lm
@@ -41,7 +42,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 RATE = 16000
-STEP = RATE // 50  # 20 ms
 QUESTIONS = [
     "What is the capital of France?",
     "How many legs does a spider have?",
@@ -82,16 +82,10 @@ async def one_turn(pipeline: Any, question: str, speculate: bool) -> dict[str, f
     audio = natural_speech(question, RATE, 0.3, 0.0)
     aborted = aborted_speculations()
     try:
-        for start in range(0, len(audio) - STEP + 1, STEP):
-            session.on_audio(audio[start : start + STEP])
-            await asyncio.sleep(0.02)
+        await speak(session, audio)
         spoken = time.perf_counter()
-        silence = np.zeros(STEP, np.float32)
-        while listener.first("response.output_audio.delta") is None:
-            if time.perf_counter() - spoken > MAX_WAIT_S:
-                break
-            session.on_audio(silence)
-            await asyncio.sleep(0.02)
+        await silence_until(session, lambda: listener.first("response.output_audio.delta") is not None,
+                            MAX_WAIT_S)
         committed, audio_at = listener.first("input_audio_buffer.committed"), \
             listener.first("response.output_audio.delta")
         return {
