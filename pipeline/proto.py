@@ -70,6 +70,11 @@ class OutputChunk:
 
     Well-known keys in ``data``: ``text`` (a text delta), ``audio`` (float32 mono samples),
     ``sample_rate`` (of ``audio``), ``token_ids``, ``usage``. ``final`` marks the stage's last chunk.
+    Models that count the answer in tokens say so, so that a barge-in keeps the same answer tokens
+    in the model's state and in the conversation's text: ``text_tokens``, how many answer tokens a
+    text chunk's delta covers (the deltas of chunks covering the first n tokens are those tokens'
+    text), and ``answer_tokens``, how many answer tokens (from the answer's start) the audio up to
+    and including an audio chunk voiced, the n that ``abort(..., keep_answer_tokens=n)`` keeps.
     """
 
     request_id: str

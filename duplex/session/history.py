@@ -3,7 +3,10 @@
 Owned by one session, for its whole life. User turns keep their 16 kHz audio (the model hears them
 again on later turns) within an audio budget: the oldest audio beyond it leaves the model's context.
 Assistant turns keep their text; a truncated turn keeps only the text of the audio that was played
-(OpenAI ``conversation.item.truncate`` semantics, DESIGN.md invariant 7).
+(OpenAI ``conversation.item.truncate`` semantics, DESIGN.md invariant 7). Where the model says how
+many answer tokens each audio chunk voiced and each text delta covers, that text is the text of
+exactly the answer tokens a barge-in keeps in the model's state (``voiced_tokens``), so the next
+turn's history says what the kept state holds.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ class Item:
     # Where the audio of each piece of text starts and ends (ms), when the model says exactly which
     # text each audio chunk voices (a synthesis stage does); truncation is then exact.
     spans: list[tuple[int, int, str]] = field(default_factory=list)
+    # Where the model counts answer tokens (its audio chunks' ``answer_tokens``, its text chunks'
+    # ``text_tokens``): (end of the audio so far in ms, answer tokens voiced by then) per audio
+    # chunk, and the answer tokens the text covers through each delta (one per delta, cumulative).
+    # Truncation then keeps the text of the tokens the model's kept state keeps.
+    voiced: list[tuple[int, int]] = field(default_factory=list)
+    delta_tokens: list[int] = field(default_factory=list)
     spoken_ms: int | None = None
     truncated_at_ms: int | None = None
     speaks: bool = False  # an answer of the model's with audio (its content is output_audio)
@@ -107,14 +116,26 @@ class History:
 
         When the model said which text each audio chunk voices, the heard text is exact: every
         span whose audio had ended, and of the span being spoken its heard share, through the word
-        being spoken. Otherwise, when the whole answer's audio is known, its text spreads over it: the heard share of the
-        audio keeps that share of the text, to the end of the word being spoken. Before that, only
-        the text that arrived before the audio reached ``audio_end_ms`` can have been heard (text
-        runs ahead of audio, so this keeps more than was heard, never less).
+        being spoken. When it counted answer tokens instead, the text is that of the answer tokens
+        voiced by the chunk being heard (``voiced_tokens``: what a barge-in keeps of the model's
+        state), token-exact. Otherwise, when the whole answer's audio is known, its text spreads
+        over it: the heard share of the audio keeps that share of the text, to the end of the word
+        being spoken. Before that, only the text that arrived before the audio reached
+        ``audio_end_ms`` can have been heard (text runs ahead of audio, so this keeps more than was
+        heard, never less).
         """
+        tokens = voiced_tokens(item, audio_end_ms)
         if item.spans:
             kept = _heard_spans(item.spans, audio_end_ms)
             item.deltas = [(kept, 0)] if kept else []
+        elif tokens is not None and len(item.delta_tokens) == len(item.deltas):
+            # Text runs ahead of audio, so the text of every voiced token is in by now. (A character
+            # whose bytes the last kept token only begins comes with the token that completes it,
+            # and is left out.)
+            heard = [(d, n) for d, n in zip(item.deltas, item.delta_tokens, strict=True) if n <= tokens]
+            item.deltas, item.delta_tokens = [d for d, _ in heard], [n for _, n in heard]
+            if item.spoken_ms:
+                item.spoken_ms = min(item.spoken_ms, audio_end_ms)
         elif item.spoken_ms:
             text = item.transcript
             kept = _through_word(text, round(len(text) * min(1.0, audio_end_ms / item.spoken_ms)))
@@ -183,6 +204,15 @@ def _fold_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         out.append(message)
     return out
+
+
+def voiced_tokens(item: Item, audio_end_ms: int) -> int | None:
+    """The answer tokens voiced by the audio chunk being heard at ``audio_end_ms`` (counting from
+    the answer's start), where the model says how many each chunk voiced; None where it does not.
+    A barge-in keeps that many in the model's state, and truncation the text of that many."""
+    if not item.voiced:
+        return None
+    return next((tokens for end_ms, tokens in item.voiced if end_ms >= audio_end_ms), item.voiced[-1][1])
 
 
 def _heard_spans(spans: list[tuple[int, int, str]], audio_end_ms: int) -> str:

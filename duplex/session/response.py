@@ -40,7 +40,7 @@ from duplex.protocol.events import (
 )
 from duplex.protocol.response_create import ResponseSpec
 from duplex.session.conversation import Conversation
-from duplex.session.history import FunctionCall, Item
+from duplex.session.history import FunctionCall, Item, voiced_tokens
 from duplex.session.model_pipeline import ModelPipeline
 from pipeline.coordinator import PipelineError, PipelineOverloaded
 from pipeline.proto import OmniRequest, OutputChunk
@@ -117,8 +117,8 @@ class Response:
         self.cancel_reason: str | None = None
         self.generation_done = False
         self._cancelled = asyncio.Event()
-        # (end of the audio so far in ms, answer tokens voiced by then), per audio chunk that says
-        self._voiced_tokens: list[tuple[int, int]] = []
+        # The answer tokens the text so far covers, where the model counts them (``text_tokens``).
+        self._text_tokens: int | None = None
         self.log = logging.LoggerAdapter(log, {**log_extra, "request_id": self.request_id})
         # A speculative request's chunks (already submitted at a pause of the turn), or None.
         self._adopted = chunks
@@ -134,7 +134,8 @@ class Response:
         """Abort the pipeline request (acknowledged by every stage) and wait for response.done.
 
         ``heard_ms``: the user heard that much of the answer (a barge-in); a model that keeps the
-        conversation's state keeps the answer tokens voiced by then, and forgets the rest.
+        conversation's state keeps the answer tokens voiced by then, and forgets the rest (the
+        item's truncation to ``heard_ms`` keeps the text of the same tokens: see History).
         """
         if self.cancel_reason is None:
             self.cancel_reason = reason
@@ -145,10 +146,7 @@ class Response:
     def _tokens_heard(self, heard_ms: int | None) -> int | None:
         """The answer tokens voiced by the audio chunk being heard at ``heard_ms`` (the model says
         how many each chunk voiced, counting from the answer's start), if it says so."""
-        if heard_ms is None or not self._voiced_tokens:
-            return None
-        return next((tokens for end_ms, tokens in self._voiced_tokens if end_ms >= heard_ms),
-                    self._voiced_tokens[-1][1])
+        return None if heard_ms is None else voiced_tokens(self.item, heard_ms)
 
     async def _run(self, request: OmniRequest, previous: str | None) -> None:
         self.log.info("response %s: request %s", self.id, self.request_id)
@@ -202,16 +200,17 @@ class Response:
         self.model_usage = data.get("usage") or self.model_usage
         if data.get("input_transcript") is not None:
             self.host.on_input_transcript(self, str(data["input_transcript"]))
+        if data.get("text_tokens") is not None:  # counted before the text: it covers them
+            self._text_tokens = (self._text_tokens or 0) + int(data["text_tokens"])
         if data.get("text"):
             self._on_text(data["text"])
         if data.get("function_call"):
             self._on_function_call(data["function_call"])
         audio = data.get("audio")
         if self.speaks and audio is not None and len(audio):
+            voiced = data.get("answer_tokens")
             self._on_audio(np.asarray(audio, dtype=np.float32), data["sample_rate"],
-                           data.get("spoken_text"))
-            if data.get("answer_tokens") is not None:
-                self._voiced_tokens.append((self.audio_ms, int(data["answer_tokens"])))
+                           data.get("spoken_text"), None if voiced is None else int(voiced))
 
     def _send_part_event(self, kind: str, **fields: Any) -> None:
         self.host.send(event(kind, response_id=self.id, item_id=self.item.id,
@@ -261,6 +260,8 @@ class Response:
     def _on_text(self, text: str) -> None:
         self._announce_message()
         self.item.deltas.append((text, self.audio_ms))
+        if self._text_tokens is not None:
+            self.item.delta_tokens.append(self._text_tokens)
         self.text_deltas += 1
         kind = "response.output_audio_transcript.delta" if self.speaks else "response.output_text.delta"
         self._send_part_event(kind, delta=text)
@@ -320,7 +321,7 @@ class Response:
             send(event("conversation.item.done", item=wire))
         return wire
 
-    def _on_audio(self, audio: np.ndarray, rate: int, spoken_text: str | None) -> None:
+    def _on_audio(self, audio: np.ndarray, rate: int, spoken_text: str | None, voiced: int | None) -> None:
         if self.cancel_reason is not None:
             return
         self._announce_message()
@@ -334,6 +335,8 @@ class Response:
         self.audio_samples += len(audio)
         if spoken_text is not None:
             self.item.spans.append((start_ms, self.audio_ms, spoken_text))
+        if voiced is not None:
+            self.item.voiced.append((self.audio_ms, voiced))
         self.host.audio.play(audio, rate)
 
     def on_playout_started(self) -> None:

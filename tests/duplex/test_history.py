@@ -30,6 +30,24 @@ def test_while_still_generating_only_text_that_preceded_the_heard_audio_is_kept(
     assert item.transcript == ""
 
 
+def test_a_model_that_counts_answer_tokens_keeps_the_text_of_the_tokens_voiced() -> None:
+    """Audio chunks say how many answer tokens they voiced, text deltas how many they cover: the
+    text kept is that of the tokens voiced by the chunk being heard (what the model's kept state
+    keeps), not a share of the text nor the text that arrived before the heard audio."""
+    history = History(60)
+    item = history.add(answer(spoken_ms=2000))
+    # "there, " arrived with the 3rd token (its 2nd held a character's first bytes), "how " the
+    # 4th, ...; audio chunks of 500 ms voiced 2, 4, 5 and 6 tokens.
+    item.delta_tokens = [1, 3, 4, 5, 6]
+    item.voiced = [(500, 2), (1000, 4), (1500, 5), (2000, 6)]
+    history.truncate(item, 1100)  # inside the third chunk: 5 tokens
+    assert item.transcript == "Hello there, how are "
+    assert item.delta_tokens == [1, 3, 4, 5]
+    history.truncate(item, 300)  # inside the first: 2 tokens, whose text is only the first delta's
+    assert item.transcript == "Hello "
+    assert item.truncated_at_ms == 300
+
+
 def test_messages_keep_newest_audio_within_the_budget_and_the_instructions_first() -> None:
     import numpy as np
 

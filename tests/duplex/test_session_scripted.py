@@ -231,7 +231,7 @@ async def test_a_failing_event_handler_becomes_an_error_event_and_later_events_s
     async def broken(message: dict[str, Any]) -> None:
         raise RuntimeError("a bug in a handler")
 
-    host.binding.events._handlers["input_audio_buffer.clear"] = broken
+    host.binding.events._clear = broken  # type: ignore[method-assign]  # the "clear" handler
     host.binding.receive('{"type": "input_audio_buffer.clear", "event_id": "ev_1"}')
     host.binding.receive("{not json")
     host.binding.receive('{"type": "session.update", "session": {"instructions": "Be brief."}}')
@@ -269,13 +269,19 @@ async def test_where_the_client_plays_the_audio_onset_cancels_at_once() -> None:
 
 async def test_kept_model_state_follows_the_conversation_and_is_cut_to_what_was_heard() -> None:
     """keep_model_state: turns that extend the history continue one conversation; a barge-in
-    keeps the answer tokens voiced by the audio being heard; an edit starts a new conversation."""
+    keeps the answer tokens voiced by the audio being heard, and the history the text of exactly
+    those tokens; an edit starts a new conversation."""
     pipeline = ScriptedPipeline()
     host = Host(pipeline, keep_model_state=True)
     await ask(host, pipeline)
     first = pipeline.requests[0].params["conversation_id"]
+    # One answer token a text chunk; the first token's text comes with the second's (a character
+    # split across tokens), so its chunk has no text.
+    pieces = ["", "Paris ", "is ", "the ", "capital ", "of ", "France, ", "a ", "city ", "of ",
+              "art ", "and ", "of ", "light ", "too."]
+    for piece in pieces:
+        pipeline.push(text=piece, text_tokens=1)
     for tokens in (4, 9, 15):  # one second of audio each, voicing 4, then 9, then 15 tokens
-        pipeline.push(text="word " * 5)
         pipeline.push(audio=tone(1.0), sample_rate=RATE, answer_tokens=tokens)
     await host.until(lambda: host.track.queued_seconds >= 2.9)
     await host.silence(75)  # 1.5 s heard: inside the second chunk
@@ -284,6 +290,9 @@ async def test_kept_model_state_follows_the_conversation_and_is_cut_to_what_was_
     await host.until(lambda: len(pipeline.requests) == 2)
     assert pipeline.kept_on_abort == [9]
     assert pipeline.requests[1].params["conversation_id"] == first  # continued after the cut
+    # The next request's history says what the kept state holds: the text of those 9 tokens.
+    assistant = pipeline.requests[1].inputs["messages"][-2]
+    assert assistant["role"] == "assistant" and assistant["text"] == "".join(pieces[:9])
     pipeline.end()
     await host.until(lambda: host.session.response is None)
     # Deleting an earlier item is an edit the kept state cannot follow: a new conversation.

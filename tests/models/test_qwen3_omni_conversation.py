@@ -4,9 +4,10 @@ A conversation's turn answered from the thinker's kept state (only the new user 
 preprocessed, encoded and prefilled) must give exactly the thinker tokens and every talker codebook
 that ``generate`` gives for a fresh request over the whole history, token for token: the history's
 ids are the kept ones (each earlier prompt, its answer as generated, ``<|im_end|>\\n``), which is
-what the chat template renders for that history. Also: after a barge-in cut, the next turn equals a
-fresh request over the cut history; an abort leaves the state as before; through the coordinator,
-eviction and rebuild answer as keeping does, and closing frees everything (gauges back to 0).
+what the chat template renders for that history. Also: after a barge-in cut, the session's history
+keeps the text of exactly the answer tokens kept, and the next turn equals a fresh request over that
+cut history; an abort leaves the state as before; through the coordinator, eviction and rebuild
+answer as keeping does, and closing frees everything (gauges back to 0).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
+from duplex.session.history import History, Item, voiced_tokens
 from harness.speech import speech
+from pipeline.models.qwen3_omni import thinker as thinker_module
 from pipeline.models.qwen3_omni.reference import ReferenceOutput, reference_generate
 from pipeline.proto import OmniRequest, StagePayload
 from pipeline.scheduling.base import BatchItem
@@ -119,14 +122,66 @@ def test_kept_turns_equal_fresh_requests(staged: Staged, reference_model) -> Non
     assert staged.schedulers["thinker"].conversation_sizes() == {}
 
 
+PICK_ROWS = thinker_module.pick_rows
+
+
+def printable_only(logits: torch.Tensor, samplings: Any, histories: Any) -> list[int]:
+    """The thinker's pick among printable ASCII bytes only (the tiny tokenizer's ids 32..126)."""
+    masked = torch.full_like(logits, float("-inf"))
+    masked[:, 32:127] = logits[:, 32:127]
+    return PICK_ROWS(masked, samplings, histories)
+
+
+def answer_item(chunks: list[tuple[str, dict[str, Any]]]) -> Item:
+    """The assistant item a session's Response makes of a request's text and audio chunks, in
+    the order they came: each delta with the answer tokens the text covers so far, each audio
+    chunk's end with the answer tokens voiced by then."""
+    item, covered, ms = Item("answer", "assistant", speaks=True), 0, 0
+    for stage, data in chunks:
+        if stage == "decode":
+            covered += data["text_tokens"]
+            if data["text"]:
+                item.deltas.append((data["text"], ms))
+                item.delta_tokens.append(covered)
+        elif "audio" in data:
+            ms += len(data["audio"]) * 1000 // data["sample_rate"]
+            item.voiced.append((ms, data["answer_tokens"]))
+    item.spoken_ms = ms
+    return item
+
+
 def test_barge_in_cut_then_abort_then_next_turn(staged: Staged, reference_model) -> None:
     conv = Conversation(staged, "cut")
     thinker = staged.schedulers["thinker"]
-    rid, first = conv.ask(user_turn(0))
-    # A barge-in after the request ended: the user heard the audio of 5 answer tokens.
-    assert 5 < len(first.token_ids)
-    thinker.abort_conversation(rid, conv.cid, 5)
-    conv.answered(first.token_ids[:5])
+    tokenizer = staged.runners["decode"].tokenizer
+    chunks: list[tuple[str, dict[str, Any]]] = []
+    route = staged._route
+
+    def spy(name, out):
+        if name in ("decode", "code2wav") and getattr(out, "data", None) is not None:
+            chunks.append((name, out.data))
+        route(name, out)
+
+    # The random weights answer with bytes that are not UTF-8 (0xF9 first), which no text history
+    # can carry; this answer is drawn among printable ASCII, whose text tokenizes back to it.
+    staged._route = spy
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(thinker_module, "pick_rows", printable_only)
+            rid, first = conv.ask(user_turn(0))
+    finally:
+        del staged._route
+    # A barge-in after the request ended, in the second audio chunk: the kept state keeps the
+    # answer tokens that chunk voiced, the history exactly their text.
+    item = answer_item(chunks)
+    heard_ms = item.voiced[0][0] + 1
+    kept = voiced_tokens(item, heard_ms)
+    assert kept is not None and 1 < kept < len(first.token_ids)
+    History(60).truncate(item, heard_ms)
+    assert item.transcript == tokenizer.decode(first.token_ids[:kept]) != first.text
+    thinker.abort_conversation(rid, conv.cid, kept)
+    conv.answered(first.token_ids[:kept])
+    conv.messages[-1]["text"] = item.transcript
     size = thinker.conversation_sizes()[conv.cid]
     # A turn aborted mid-answer (no cut): the kept state is what it was before it.
     conv.messages.append(user_turn(1))
@@ -143,6 +198,10 @@ def test_barge_in_cut_then_abort_then_next_turn(staged: Staged, reference_model)
     assert thinker.conversation_sizes() == {conv.cid: size}
     assert thinker.live_requests() == 0
     _, second = conv.ask(user_turn(1))
+    # A fresh request over the cut history (its text, not the kept tokens) is the kept state's
+    # continuation, token for token, and the turn from kept state answers as ``generate`` on it.
+    fresh = conv.pre.run([BatchItem(StagePayload("fresh", {"messages": conv.messages}), True)])[0]
+    assert fresh["input_ids"].tolist() == conv.prompt_ids()
     assert_same(second, conv.reference(reference_model))
     thinker.drop_conversation(conv.cid, None)
 

@@ -11,10 +11,12 @@ Stages (runner names; the presets ``configs/qwen3_omni*.yaml`` wire them):
 - ``audio_encoder`` (simple): the thinker's audio tower, clips of a batch packed together.
 - ``thinker`` (ar): prefill with audio embeddings, batched decode; streams each token plus what the
   talker needs.
-- ``decode`` (simple, terminal): stateless incremental detokenization -> ``{"text": delta}``.
+- ``decode`` (simple, terminal): stateless incremental detokenization -> ``{"text": delta,
+  "text_tokens": n}`` (n: the answer tokens the delta covers).
 - ``talker`` (ar): codec frames (code predictor per frame) from the thinker's stream, exactly as
   ``generate`` builds them; frame cap tied to the text length.
-- ``code2wav`` (vocoder, terminal): exact streaming with carried state -> ``{"audio", "sample_rate"}``.
+- ``code2wav`` (vocoder, terminal): exact streaming with carried state -> ``{"audio", "sample_rate",
+  "answer_tokens"}`` (the answer tokens voiced so far, as the talker read them).
 - ``transcribe`` (simple, terminal, beside the rest, fed by preprocessing): the user's turn as
   text, for requests that ask (``params["transcribe"]``) -> ``{"input_transcript"}`` (Whisper
   tiny.en from the offline model set).

@@ -9,8 +9,11 @@ context covers the longest UTF-8 sequence (4 bytes) with room to spare, so the d
 concatenate to ``decode(all tokens)``; the final item flushes what was held back. Special tokens
 (EOS, ...) decode to nothing.
 
-Chunk output: ``{"text": delta, "token_ids": [id]}``; final output adds ``usage`` and
-``finish_reason`` from the thinker.
+Chunk output: ``{"text": delta, "token_ids": [id], "text_tokens": 1}``; final output (the text
+held back, ``text_tokens`` 0) adds ``usage`` and ``finish_reason`` from the thinker. ``text_tokens``
+(see ``OutputChunk``) lets a session cut the text at the answer token a barge-in keeps: the deltas
+of the first n chunks are the text of the first n answer tokens (the bytes of a character that the
+n-th token leaves unfinished excepted), the same n a talker chunk's ``answer_tokens`` counts.
 
 Requests that offer tools: the thinker splits the answer into words and a function call as it goes
 (``call_parser.py``: that needs per-request state, which this stage has none of) and each of its
@@ -71,11 +74,12 @@ class Detokenizer(TokenText):
         parsed = data.get("parsed")
         if final:
             text = parsed["text"] if parsed is not None else self.flush(list(data.get("context_ids", [])))
-            out = {"text": text, **{k: data[k] for k in ("usage", "finish_reason") if k in data}}
+            out = {"text": text, "text_tokens": 0,
+                   **{k: data[k] for k in ("usage", "finish_reason") if k in data}}
         else:
             token = int(data["token_id"])
             text = parsed["text"] if parsed is not None else self.delta(list(data["context_ids"]), token)
-            out = {"text": text, "token_ids": [token]}
+            out = {"text": text, "token_ids": [token], "text_tokens": 1}
         if parsed is not None and parsed.get("function_call"):
             out["function_call"] = parsed["function_call"]
         return out
