@@ -5,9 +5,10 @@ on spoken turns made at run time (:mod:`evaluation.turn_utterances`).
     python -m evaluation.turn_eval --tune     # also fit the cue weights and search the policy
 
 Where the offline model set is installed, every asked pause is also transcribed by its recogniser
-(Whisper tiny.en, as the speculative request does in the server) and semantic_vad is measured a
-second time with the words of the pause as a cue ("+ words"); a decision at the ask then also
-waits for the recognition.
+(Whisper tiny.en, as the speculative request does in the server) and its words judged by the
+language model the ``asr`` stage runs beside it (``finished_text``), and semantic_vad is measured
+a second time with the words of the pause as a cue ("+ words"); a decision at the ask then also
+waits for the recognition and the judgement.
 
 For every turn the session's real VAD runs window by window over the audio as a streaming
 detector would see it; semantic_vad asks the end-of-turn model once per pause, at
@@ -23,9 +24,9 @@ detector would see it; semantic_vad asks the end-of-turn model once per pause, a
 - ended at the ask: turns the model was sure enough about to end at its first answer.
 
 It also reports the model's cost (ms per call, calls per minute of speech) and the AUC of each
-cue. ``--tune`` (:mod:`evaluation.turn_tuning`) fits the cue weights, searches each eagerness's
-threshold and hold and the bar for finished words, and checks the search on held-out halves; copy what it prints into ``duplex/turns/end_of_turn.py`` and
-``duplex/turns/semantic_policy.py``. Writes
+cue. ``--tune`` (:mod:`evaluation.turn_tuning`) fits the cue weights (the text judge's too),
+searches each eagerness's threshold and hold, and checks both on held-out halves; copy what it
+prints into ``duplex/turns/end_of_turn.py`` and ``duplex/turns/semantic_policy.py``. Writes
 ``evaluation/results/turn_eval.json`` and ``.png``. Needs espeak-ng, sox and the ``pipecat-ai``
 wheel (the model's weights); no network, no server.
 
@@ -44,7 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from duplex.turns.end_of_turn import BIAS, W_FALL, W_MODEL, shared_model
+from duplex.turns.end_of_turn import (
+    BIAS,
+    TEXT_BIAS,
+    W_FALL,
+    W_MODEL,
+    W_TEXT,
+    shared_model,
+    with_text,
+)
 from duplex.turns.prosody import final_pitch_fall
 from duplex.turns.semantic_policy import (
     MIN_SILENCE_MS,
@@ -53,43 +62,21 @@ from duplex.turns.semantic_policy import (
 )
 from duplex.turns.vad import SAMPLE_RATE
 from evaluation.bench_common import format_table, machine, save_figure, save_results
-from evaluation.turn_replay import Weights, replay, server_vad
+from evaluation.turn_replay import TextWeights, Weights, replay, server_vad
 from evaluation.turn_trace import Trace, trace
 from evaluation.turn_tuning import (
     auc,
+    fit_text_weights,
     fit_weights,
     held_out_check,
     tune,
     tune_all,
-    tune_words,
 )
 from evaluation.turn_utterances import LEAD_S, utterances
 
 NAME = "turn_eval"
 TAIL_S = 1.5  # silence after each turn: server_vad's 500 ms plus the VAD's lag fit in it
 EAGERNESSES = (Eagerness.LOW, Eagerness.MEDIUM, Eagerness.HIGH)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -130,8 +117,8 @@ def main() -> None:
     started = time.perf_counter()
     turns = utterances(TAIL_S)
     print(f"{len(turns)} turns synthesized in {time.perf_counter() - started:.1f} s")
-    hear = _recogniser()
-    traces = [trace(u, model, MIN_SILENCE_MS, hear) for u in turns]
+    hear, judge = _recogniser()
+    traces = [trace(u, model, MIN_SILENCE_MS, hear, judge) for u in turns]
     calls = [s * 1000 for t in traces for s in t.call_seconds]
     heard = [s * 1000 for t in traces for s in t.hear_seconds]
     timing = _model_timing(model, turns[0].audio)
@@ -143,23 +130,25 @@ def main() -> None:
     words_ask_ms = max(call_ms, statistics.median(heard)) if heard else call_ms
 
     weights: Weights = (W_MODEL, W_FALL, BIAS)
+    text_weights: TextWeights = (W_TEXT, TEXT_BIAS)
     rules = {e: patience(e) for e in EAGERNESSES}
     if args.tune:
         weights = fit_weights(traces, W_MODEL)
         rules = tune_all(traces, weights, call_ms)
         print(f"fitted weights (w_model, w_fall, bias) = {weights}")
         if heard:
-            rules = tune_words(traces, rules, weights, words_ask_ms)
+            text_weights = fit_text_weights(traces, weights)
+            print(f"fitted text weights (w_text, bias) = {text_weights}")
         for e, rule in rules.items():
             print(f"tuned {e}: {rule}")
-        held_out_check(traces, weights, call_ms)
+        held_out_check(traces, weights, call_ms, words_ask_ms if heard else None)
 
     detectors: dict[str, dict[str, Any]] = {}
     for e, rule in rules.items():
         detectors[f"semantic_vad {e}"] = replay(traces, rule, weights, call_ms)
         if heard:
-            detectors[f"semantic_vad {e} + words"] = replay(traces, rule, weights, words_ask_ms,
-                                                           with_words=True)
+            detectors[f"semantic_vad {e} + words"] = replay(
+                traces, rule, weights, words_ask_ms, with_words=True, text_weights=text_weights)
     # What-if, refitted and retuned on every run: the pitch cue alone, without smart-turn.
     pitch_only = fit_weights(traces, 0.0)
     detectors["semantic medium, pitch only"] = replay(
@@ -172,12 +161,18 @@ def main() -> None:
         "machine": machine(),
         "turns": len(traces),
         "weights": dict(zip(("w_model", "w_fall", "bias"), weights)),
+        "text_weights": dict(zip(("w_text", "bias"), text_weights)),
         "policy": {str(e): dataclasses.asdict(r) for e, r in rules.items()},
         "min_silence_ms": MIN_SILENCE_MS,
         "auc": {
-            "smart_turn": auc(traces, lambda c: c.smart_turn),
-            "pitch_fall": auc(traces, lambda c: -(c.pitch_fall or 0.0)),
-            "combined": auc(traces, lambda c: c.probability(*weights)),
+            "smart_turn": auc(traces, lambda p: p.cues.smart_turn),
+            "pitch_fall": auc(traces, lambda p: -(p.cues.pitch_fall or 0.0)),
+            "combined": auc(traces, lambda p: p.cues.probability(*weights)),
+            **({
+                "text": auc(traces, lambda p: p.finished_text or 0.0),
+                "with_text": auc(traces, lambda p: with_text(
+                    p.cues.probability(*weights), p.finished_text, *text_weights)),
+            } if judge else {}),
         },
         "model_ms": {
             **timing,
@@ -213,17 +208,20 @@ def main() -> None:
     save_results(NAME, results, plot)
 
 
-def _recogniser() -> Callable[[np.ndarray], str] | None:
-    """The offline preset's Whisper tiny.en on 16 kHz audio, or None where it is not installed."""
+def _recogniser() -> tuple[Callable[[np.ndarray], str] | None, Callable[[str], float] | None]:
+    """The offline preset's Whisper tiny.en on 16 kHz audio and the text end-of-turn judge its
+    ``asr`` stage runs beside it, or None where they are not installed."""
     try:
         from pipeline.models.offline.asr import Transcriber
+        from pipeline.models.offline.finished_text import FinishedText
         from pipeline.models.offline.sources import asr_model_dir
 
         transcriber = Transcriber(asr_model_dir("packaged"))
+        judge = FinishedText()
     except (ImportError, RuntimeError) as err:
         print(f"no recogniser ({err}): semantic_vad is measured on audio cues only")
-        return None
-    return lambda audio: transcriber.transcribe(audio, SAMPLE_RATE)
+        return None, None
+    return (lambda audio: transcriber.transcribe(audio, SAMPLE_RATE)), judge.probability
 
 
 def _words_table(traces: list[Trace]) -> dict[str, dict[str, int]]:
@@ -233,8 +231,6 @@ def _words_table(traces: list[Trace]) -> dict[str, dict[str, int]]:
         row = table["inside" if pause.inside else "finished"]
         row[str(pause.words)] = row.get(str(pause.words), 0) + 1
     return table
-
-
 
 
 def _model_timing(model: Any, audio: np.ndarray, repeats: int = 20) -> dict[str, float]:

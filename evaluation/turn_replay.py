@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 
 from duplex.turns.config import TurnDetection
-from duplex.turns.semantic_policy import MIN_SILENCE_MS, Decision, Patience, decide
+from duplex.turns.end_of_turn import TEXT_BIAS, W_TEXT
+from duplex.turns.semantic_policy import (
+    MIN_SILENCE_MS,
+    Decision,
+    Patience,
+    decide,
+    probability_with_words,
+)
 from duplex.turns.server_vad import SpeechStopped, TurnDetector
 from duplex.turns.transcript_cue import Words
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
@@ -20,6 +27,7 @@ from evaluation.turn_trace import Trace
 
 STEP_MS = WINDOW * 1000 // SAMPLE_RATE
 Weights = tuple[float, float, float]  # (w_model, w_fall, bias) of Cues.probability
+TextWeights = tuple[float, float]  # (w_text, bias) of with_text
 
 
 def _decision_ms(
@@ -39,12 +47,12 @@ def _decision_ms(
 
 def replay(
     traces: list[Trace], rule: Patience, weights: Weights, call_ms: float, stretch: float = 1.0,
-    with_words: bool = False,
+    with_words: bool = False, text_weights: TextWeights = (W_TEXT, TEXT_BIAS),
 ) -> dict[str, Any]:
     """semantic_vad with ``rule`` and the cue ``weights`` (and the words of each pause, if
-    ``with_words``: then ``call_ms`` is what the slower of model and recogniser takes) over every
-    trace; pauses inside a turn count as ``stretch`` times as long as they were (a margin when
-    tuning)."""
+    ``with_words``: how they read and, where judged, the text term with ``text_weights``; then
+    ``call_ms`` is what the slower of model and recogniser takes) over every trace; pauses inside
+    a turn count as ``stretch`` times as long as they were (a margin when tuning)."""
     latencies, cut_scripted, cut_any, at_ask = [], 0, 0, 0
     for t in traces:
         cut = False
@@ -52,6 +60,8 @@ def replay(
         for pause in t.pauses:
             p = pause.cues.probability(*weights) if pause.cues else None
             words = pause.words if with_words else None
+            if with_words:
+                p = probability_with_words(p, words, pause.finished_text, *text_weights)
             if pause.inside:
                 # An answer that comes after the speaker went on is dropped by the detector.
                 length = round(pause.length_ms * stretch)

@@ -10,7 +10,9 @@ threshold without calling the model again (:mod:`evaluation.turn_eval` does).
 
 Given a recogniser (``hear``: the offline preset's Whisper tiny.en, as its speculative request
 would run it at that moment), each asked pause also gets the words of the turn so far, read by
-:func:`duplex.turns.transcript_cue.read_transcript`.
+:func:`duplex.turns.transcript_cue.read_transcript` and, given a ``judge``, by the language model
+that the recognising stage runs beside it (``pipeline/models/offline/finished_text.py``); the
+recognition time then includes the judge's, as in the stage.
 
 Nothing here holds state between calls.
 """
@@ -41,6 +43,7 @@ class Pause:
     cues: Cues | None = None  # the model's answer, when the pause reached ``ask_at_ms``
     transcript: str | None = None  # what the recogniser heard of the turn so far, then
     words: Words | None = None  # how those words read
+    finished_text: float | None = None  # and the text judge's P(finished) for them
 
 
 @dataclass
@@ -52,10 +55,11 @@ class Trace:
 
 
 def trace(utterance: Utterance, model: EndOfTurnModel, ask_at_ms: int,
-          hear: Callable[[np.ndarray], str] | None = None) -> Trace:
+          hear: Callable[[np.ndarray], str] | None = None,
+          judge: Callable[[str], float] | None = None) -> Trace:
     """The pauses of ``utterance`` and the model's answer in each that lasted ``ask_at_ms``
-    (rounded up to whole 32 ms VAD windows), with what ``hear`` made of the turn so far; see the
-    module doc."""
+    (rounded up to whole 32 ms VAD windows), with what ``hear`` made of the turn so far and what
+    ``judge`` (the pipeline's text end-of-turn judge) made of those words; see the module doc."""
     detector = TurnDetector(TurnDetection(silence_duration_ms=10_000))
     audio = utterance.audio
     pauses: list[Pause] = []
@@ -83,6 +87,8 @@ def trace(utterance: Utterance, model: EndOfTurnModel, ask_at_ms: int,
                 started = time.perf_counter()
                 current.transcript = hear(so_far)
                 current.words = read_transcript(current.transcript)
+                if judge is not None:
+                    current.finished_text = judge(current.transcript)
                 heard.append(time.perf_counter() - started)
     if current is not None:
         pauses.append(current)

@@ -1,5 +1,5 @@
-"""Fitting semantic_vad to the evaluation set: the cue weights (a logistic regression), each
-eagerness's threshold and hold, and the bar for words that read as finished, searched for the
+"""Fitting semantic_vad to the evaluation set: the cue weights (logistic regressions: the audio
+cues', then the text judge's on top), each eagerness's threshold and hold, searched for the
 quickest answers that cut no turn; and a check of that search on held-out halves of the set.
 
 ``python -m evaluation.turn_eval --tune`` runs it. Nothing here holds state between calls.
@@ -7,16 +7,15 @@ quickest answers that cut no turn; and a check of that search on held-out halves
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 
 import numpy as np
 
-from duplex.turns.end_of_turn import Cues
 from duplex.turns.semantic_policy import MAX_WAIT_MS, MIN_SILENCE_MS, Eagerness, Patience
-from evaluation.turn_replay import STEP_MS, Weights, replay
-from evaluation.turn_trace import Trace
+from duplex.turns.transcript_cue import Words
+from evaluation.turn_replay import STEP_MS, TextWeights, Weights, replay
+from evaluation.turn_trace import Pause, Trace
 
 MARGIN = 1.3  # tuning keeps clear of pauses 30% longer than the set's
 
@@ -27,14 +26,32 @@ def fit_weights(traces: list[Trace], w_model: float) -> Weights:
     rows = [(p.cues, not p.inside) for t in traces for p in t.pauses if p.cues]
     offset = np.array([w_model * _logit(c.smart_turn) for c, _ in rows])
     x = np.column_stack([[c.pitch_fall or 0.0 for c, _ in rows], np.ones(len(rows))])
-    y = np.array([float(finished) for _, finished in rows])
+    w = _logistic(x, np.array([float(finished) for _, finished in rows]), offset)
+    return (w_model, round(float(w[0]), 2), round(float(w[1]), 2))
+
+
+def fit_text_weights(traces: list[Trace], weights: Weights) -> TextWeights:
+    """Logistic regression of "finished" on the text judge's logit, with the audio cues' logit
+    (``weights``) as a fixed offset, over every asked pause where the policy uses the judgement
+    (words judged that read as finished: ``semantic_policy.probability_with_words``)."""
+    rows = [(p.cues, p.finished_text, not p.inside) for t in traces for p in t.pauses
+            if p.cues and p.finished_text is not None and p.words is Words.COMPLETE]
+    offset = np.array([_logit(c.probability(*weights)) for c, _, _ in rows])
+    x = np.column_stack([[_logit(text) for _, text, _ in rows], np.ones(len(rows))])
+    w = _logistic(x, np.array([float(finished) for _, _, finished in rows]), offset)
+    return (round(float(w[0]), 2), round(float(w[1]), 2))
+
+
+def _logistic(x: np.ndarray, y: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The weights of ``P(y) = sigmoid(x @ w + offset)`` for x's columns (a feature, then ones).
+    Newton's method, the feature's weight lightly ridged: separable data must not diverge."""
     w = np.zeros(2)
-    for _ in range(50):  # Newton's method, lightly ridged: separable data must not diverge
+    for _ in range(50):
         p = 1 / (1 + np.exp(-(x @ w + offset)))
         gradient = x.T @ (p - y) + 0.1 * w * [1, 0]
         hessian = x.T @ (x * (p * (1 - p))[:, None]) + 0.1 * np.diag([1, 0])
         w -= np.linalg.solve(hessian, gradient)
-    return (w_model, round(float(w[0]), 2), round(float(w[1]), 2))
+    return w
 
 
 def _logit(p: float) -> float:
@@ -42,10 +59,11 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def auc(traces: list[Trace], score: Callable[[Cues], float]) -> float:
-    """P(a finished turn's pause scores above a mid-sentence one), ties half."""
-    finished = [score(p.cues) for t in traces for p in t.pauses if p.cues and not p.inside]
-    inside = [score(p.cues) for t in traces for p in t.pauses if p.cues and p.inside]
+def auc(traces: list[Trace], score: Callable[[Pause], float]) -> float:
+    """P(a finished turn's asked pause scores above a mid-sentence one), ties half."""
+    asked = [p for t in traces for p in t.pauses if p.cues]
+    finished = [score(p) for p in asked if not p.inside]
+    inside = [score(p) for p in asked if p.inside]
     wins = sum((a > b) + 0.5 * (a == b) for a in finished for b in inside)
     return round(wins / (len(finished) * len(inside)), 3)
 
@@ -82,27 +100,6 @@ def tune_all(traces: list[Trace], weights: Weights, call_ms: float) -> dict[Eage
     return {Eagerness.LOW: low, Eagerness.MEDIUM: medium, Eagerness.HIGH: high}
 
 
-def tune_words(traces: list[Trace], rules: dict[Eagerness, Patience], weights: Weights,
-               ask_ms: float) -> dict[Eagerness, Patience]:
-    """Each eagerness's bar and hold for words that read as finished: the smallest median latency
-    (then p90) that cuts no turn, even were every pause inside a turn ``MARGIN`` times longer."""
-    tuned = {}
-    for eagerness, rule in rules.items():
-        best: tuple[float, float, Patience] | None = None
-        for threshold in np.arange(0.5, 1.0, 0.02):
-            for hold in range(MIN_SILENCE_MS, rule.hold_ms + 1, 2 * STEP_MS):
-                tried = dataclasses.replace(rule, words_threshold=round(float(threshold), 2),
-                                            words_hold_ms=hold)
-                if replay(traces, tried, weights, ask_ms, stretch=MARGIN, with_words=True)["cut_count"]:
-                    continue
-                result = replay(traces, tried, weights, ask_ms, with_words=True)
-                key = (result["median_ms"], result["p90_ms"])
-                if best is None or key < best[:2]:
-                    best = (*key, tried)
-        tuned[eagerness] = rule if best is None else best[2]
-    return tuned
-
-
 def _ordered(eager: Patience | None, patient: Patience) -> bool:
     """Whether ``patient`` asks for at least ``eager``'s probability at every silence."""
     if eager is None:
@@ -111,12 +108,24 @@ def _ordered(eager: Patience | None, patient: Patience) -> bool:
     return all(patient.required(s) >= eager.required(s) for s in silences)
 
 
-def held_out_check(traces: list[Trace], weights: Weights, call_ms: float) -> None:
-    """Tune on half the scripts, measure on the other half (each script is two turns in a row):
-    how much of the result is fitted to the set."""
-    halves = [traces[i::4] + traces[i + 1 :: 4] for i in (0, 2)]
+def held_out_check(traces: list[Trace], weights: Weights, call_ms: float,
+                   ask_ms: float | None = None) -> None:
+    """Tune on half the scripts, measure on the other half: how much of the result is fitted to
+    the set. With ``ask_ms`` (the words are known) the text judge's weights too."""
+    scripts = sorted({t.utterance.text for t in traces})
+    halves = [[t for t in traces if scripts.index(t.utterance.text) % 2 == i] for i in (0, 1)]
     for tuned_on, measured_on in (halves, halves[::-1]):
-        for e, rule in tune_all(tuned_on, weights, call_ms).items():
-            result = replay(measured_on, rule, weights, call_ms)
-            print(f"held-out {e}: median {result['median_ms']} ms, p90 {result['p90_ms']} ms, "
-                  f"cut {result['cut_scripted']} scripted, {result['cut_any']} any")
+        rules = tune_all(tuned_on, weights, call_ms)
+        for e, rule in rules.items():
+            _print_held_out(str(e), replay(measured_on, rule, weights, call_ms))
+        if ask_ms is None:
+            continue
+        text_weights = fit_text_weights(tuned_on, weights)
+        for e, rule in rules.items():
+            _print_held_out(f"{e} + words", replay(measured_on, rule, weights, ask_ms,
+                                                   with_words=True, text_weights=text_weights))
+
+
+def _print_held_out(name: str, result: dict[str, object]) -> None:
+    print(f"held-out {name}: median {result['median_ms']} ms, p90 {result['p90_ms']} ms, "
+          f"cut {result['cut_scripted']} scripted, {result['cut_any']} any")

@@ -3,10 +3,12 @@
 Every turn ends complete; some have pauses in the middle where the speaker has not finished (an
 order cut off mid-phrase, a phone number read in two groups, a list read in pieces). A detector
 must answer soon after the last piece and never inside those pauses. Each script is spoken by
-two voice/rate combinations, so 48 scripts give 96 turns, and the kinds are mixed so that no
-single style dominates the tuning.
+two espeak-ng voice/rate combinations and once in piper's natural voice (where the ``offline``
+extra is installed), so 48 scripts give 144 turns, and the kinds are mixed so that no single
+style dominates the tuning: espeak-ng's rule-made intonation and piper's learned one differ, and
+Whisper hears piper far better.
 
-Synthesis: espeak-ng speaks each script as one SSML utterance with a ``<break>`` per pause (see
+Synthesis (espeak-ng): espeak-ng speaks each script as one SSML utterance with a ``<break>`` per pause (see
 :func:`_speak` for why), sox converts it to 16 kHz mono 16-bit, and it is trimmed to where its
 sound starts and stops, so the end of speech is known to within a few ms. Silence before and after
 is added in numpy, then a faint seeded noise floor (-66 dBFS RMS) over everything: real
@@ -41,6 +43,8 @@ VOICES: tuple[tuple[str, int], ...] = (
     ("en-gb+f3", 135),
     ("en-us+f4", 155),
 )
+# piper's length scale (above 1: slower), alternating over the scripts.
+NATURAL_RATES = (0.9, 1.15)
 
 
 @dataclass(frozen=True)
@@ -179,9 +183,10 @@ def _speak(script: Script, voice: str, rate: int) -> tuple[np.ndarray, tuple[int
     return audio, (*breaks_at, len(audio))
 
 
-def render(script: Script, voice: str, rate: int, tail_s: float, seed: int) -> Utterance:
-    """``script`` spoken by ``voice`` at ``rate``, with ``tail_s`` of silence after the turn."""
-    speech, ends = _speak(script, voice, rate)
+def _render(script: Script, speech: np.ndarray, ends: tuple[int, ...], voice: str, tail_s: float,
+            seed: int) -> Utterance:
+    """``script`` as spoken (``speech``, its pieces ending at ``ends``), with ``tail_s`` of
+    silence after the turn."""
     lead = int(LEAD_S * SAMPLE_RATE)
     audio = np.concatenate([
         np.zeros(lead, dtype=np.float32), speech, np.zeros(int(tail_s * SAMPLE_RATE), np.float32)
@@ -191,17 +196,50 @@ def render(script: Script, voice: str, rate: int, tail_s: float, seed: int) -> U
         name=f"{script.kind}:{script.pieces[0][:24]}|{voice}",
         kind=script.kind,
         text=" / ".join(script.pieces),
-        voice=f"{voice} -s {rate}",
+        voice=voice,
         audio=audio,
         piece_ends_ms=tuple((lead + end) * 1000 // SAMPLE_RATE for end in ends),
     )
 
 
+@functools.cache
+def _speak_natural(script: Script, length_scale: float) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``script`` in piper's natural voice at 16 kHz, piece by piece with its pauses between, and
+    the sample where each piece ends. Each piece is spoken apart (piper reads the text it is
+    given, so a piece without a full stop is read as a phrase that goes on) and trimmed to its
+    sound, so the pauses are exactly the script's."""
+    from harness.speech import natural_speech
+
+    pieces, ends, at = [], [], 0
+    for index, text in enumerate(script.pieces):
+        audio = natural_speech(text, SAMPLE_RATE, 0.0, 0.0, length_scale)
+        loud = np.flatnonzero(np.abs(audio) > _TRIM_LEVEL)
+        audio = audio[loud[0] : loud[-1] + 1]
+        pause = script.pauses_ms[index] * SAMPLE_RATE // 1000 if index < len(script.pauses_ms) else 0
+        pieces += [audio, np.zeros(pause, np.float32)]
+        at += len(audio)
+        ends.append(at)
+        at += pause
+    return np.concatenate(pieces), tuple(ends)
+
+
 def utterances(tail_s: float) -> list[Utterance]:
-    """Every script in two voices (rotating through :data:`VOICES`): the evaluation set."""
+    """Every script in two espeak-ng voices (rotating through :data:`VOICES`) and, where piper is
+    installed (the ``offline`` extra), in its natural voice at one of :data:`NATURAL_RATES`: the
+    evaluation set."""
     out = []
     for i, script in enumerate(SCRIPTS):
         for j in range(2):
             voice, rate = VOICES[(2 * i + j) % len(VOICES)]
-            out.append(render(script, voice, rate, tail_s, seed=2 * i + j))
+            out.append(_render(script, *_speak(script, voice, rate), f"{voice} -s {rate}", tail_s,
+                               seed=2 * i + j))
+    try:
+        import piper  # noqa: F401 - only whether it is there
+    except ImportError:
+        print("piper is not installed: the set is espeak-ng speech only")
+        return out
+    for i, script in enumerate(SCRIPTS):
+        scale = NATURAL_RATES[i % len(NATURAL_RATES)]
+        out.append(_render(script, *_speak_natural(script, scale), f"piper joe x{scale}", tail_s,
+                           seed=1000 + i))
     return out

@@ -62,16 +62,20 @@ def _piper_voice() -> Any:
 
 @functools.cache
 def natural_speech(text: str, rate: int = 16000, pad_before_s: float = 0.5,
-                   pad_after_s: float = 1.0) -> np.ndarray:
-    """piper speech of ``text`` (the ``joe`` voice, 22.05 kHz) as float32 samples at ``rate``.
+                   pad_after_s: float = 1.0, length_scale: float = 1.0) -> np.ndarray:
+    """piper speech of ``text`` (the ``joe`` voice, 22.05 kHz) as float32 samples at ``rate``;
+    ``length_scale`` above 1 speaks slower.
 
     A natural voice, for checks of what a recogniser makes of a question: Whisper tiny.en hears
     espeak-ng's "of France" as "and friends", a person's voice as it was said.
     """
+    from piper import SynthesisConfig
+
     from duplex.media.resample import Resampler
 
     voice = _piper_voice()
-    audio = np.concatenate([chunk.audio_float_array for chunk in voice.synthesize(text)])
+    chunks = voice.synthesize(text, syn_config=SynthesisConfig(length_scale=length_scale))
+    audio = np.concatenate([chunk.audio_float_array for chunk in chunks])
     source = voice.config.sample_rate
     resampler = Resampler(source, rate)
     samples = np.concatenate([resampler.push(audio.astype(np.float32)), resampler.flush()])

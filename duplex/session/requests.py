@@ -65,7 +65,10 @@ class RequestBuilder:
     def speculative(self, config: SessionConfig, turn_audio: np.ndarray) -> OmniRequest:
         """The answer to the turn so far, begun at a pause (:mod:`duplex.session.speculation`)."""
         pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE)
-        return self.request(config, ResponseSpec.of_session(config), None, pending)
+        request = self.request(config, ResponseSpec.of_session(config), None, pending)
+        # The turn may go on: a pipeline that judges words says whether these read as finished.
+        request.params["end_of_turn"] = True
+        return request
 
     def recognition(self, config: SessionConfig, fragment: np.ndarray) -> OmniRequest:
         """A fragment of speech over the agent, alone and out of the conversation, to be

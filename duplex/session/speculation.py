@@ -13,8 +13,10 @@ the client or the history. Then either:
   it leaves nothing: no event, no item, no pipeline state.
 
 Where the pipeline recognises speech (its chunks carry ``input_transcript``), the transcript is
-handed to ``on_transcript`` as soon as it comes: the words of the turn so far are the turn
-detector's text cue (:mod:`duplex.turns.transcript_cue`).
+handed to ``on_transcript`` as soon as it comes, with the pipeline's judgement of whether those
+words are finished where it makes one (``input_end_of_turn``, asked for by
+``params["end_of_turn"]``): the words of the turn so far are the turn detector's text cue
+(:mod:`duplex.turns.transcript_cue`, :func:`duplex.turns.end_of_turn.with_text`).
 
 A Speculation lives from the pause that began it until it is adopted or aborted;
 ``duplex_speculative_responses_total`` counts each by outcome. A session's :class:`Speculator`
@@ -46,10 +48,13 @@ log = logging.getLogger(__name__)
 
 _END = None
 
+# (the pause, the words heard up to it, P(finished) from those words where the pipeline judged it)
+Heard = Callable[[int, str, float | None], None]
+
 
 class Speculation:
     def __init__(self, pipeline: ModelPipeline, request: OmniRequest, audio: np.ndarray, pause: int,
-                 on_transcript: Callable[[int, str], None], log_extra: dict[str, str]) -> None:
+                 on_transcript: Heard, log_extra: dict[str, str]) -> None:
         self.request = request
         self.audio = audio  # the turn's audio so far, as the request's last message holds it
         self.pause = pause  # the sample position where the pause that began it started
@@ -65,7 +70,9 @@ class Speculation:
             async for chunk in self._pipeline.stream(self.request):
                 transcript = chunk.data.get("input_transcript")
                 if transcript is not None and self._outcome is None:
-                    self._on_transcript(self.pause, str(transcript))
+                    finished = chunk.data.get("input_end_of_turn")
+                    self._on_transcript(self.pause, str(transcript),
+                                        None if finished is None else float(finished))
                 self._chunks.put_nowait(chunk)
         except (PipelineError, PipelineOverloaded) as err:
             # The adopting response reports it; an aborted speculation has nobody to tell.
@@ -101,10 +108,10 @@ class Speculation:
 class Speculator:
     """One session's speculative answers (module doc): at most one, for the current pause."""
 
-    def __init__(self, pipeline: ModelPipeline, on_transcript: Callable[[int, str], None],
+    def __init__(self, pipeline: ModelPipeline, on_transcript: Heard,
                  on_withdrawn: Callable[[], None], log_extra: dict[str, str]) -> None:
         self._pipeline = pipeline
-        self._on_transcript = on_transcript  # (the pause, the words heard up to it)
+        self._on_transcript = on_transcript
         self._on_withdrawn = on_withdrawn
         self._log_extra = log_extra
         self._current: Speculation | None = None

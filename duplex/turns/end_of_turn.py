@@ -13,13 +13,19 @@
 
 Decision rule: ``logit(P) = W_MODEL * logit(smart_turn) + W_FALL * pitch_fall + BIAS`` (a logistic
 regression; a missing pitch counts as no fall). ``W_FALL`` and ``BIAS`` are fitted by
-``python -m evaluation.turn_eval --tune`` on its espeak-ng set, where pitch fall alone separates
-finished turns from mid-sentence pauses with an AUC of ~0.8. smart-turn scores ~0.5 there (chance:
-espeak's rule-made prosody is nothing like the human speech it was trained on), so the fit gives
-it no weight; ``W_MODEL`` is a prior instead, small enough that the model alone never ends a turn
-(a 0.99 adds as much as a 0.13 fall) yet lets a confident model speed up real, human turns. A text
-cue (a transcript's end-of-turn probability) would be a third term; ``probability`` already takes
-the transcript.
+``python -m evaluation.turn_eval --tune`` on its spoken set. There the pitch fall separates
+finished turns from mid-sentence pauses with an AUC of ~0.8 in espeak-ng's voices but not in
+piper's (~0.66 over both), so its fitted weight is small. smart-turn scores ~0.5 on both (chance:
+synthetic prosody is nothing like the human speech it was trained on), so the fit gives it no
+weight; ``W_MODEL`` is a prior instead, small enough that the model alone never ends a turn yet
+lets a confident model speed up real, human turns. The words carry most of the signal: the text
+cue is the third term, once the words are known (:func:`with_text`): where the pipeline
+recognises speech, the speculative request begun at the pause brings back the transcript and a
+language model's P(finished) for it (``input_end_of_turn``: ``pipeline/models/offline/
+finished_text.py``), and ``logit(P') = logit(P) + W_TEXT * logit(text) + TEXT_BIAS``, fitted on
+the same set with the audio terms as a fixed offset, over the pauses whose words read as finished
+(the policy adds the term there only: ``semantic_policy.probability_with_words``). Alone, the
+judgement separates finished turns from mid-sentence pauses with an AUC of ~0.89.
 
 Input: 16 kHz mono float32 audio of the turn up to now, trailing silence included (the model was
 trained on turns that end a short silence after the last word). Longer than 8 s: only the last 8 s
@@ -59,9 +65,11 @@ _DISTRIBUTION = "pipecat-ai"
 _MODEL_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 
 W_MODEL = 0.25  # prior (see module doc)
-W_FALL = -8.83  # per unit of log pitch ratio: a fall of 0.2 (3.5 semitones) adds +1.8
-BIAS = -0.16
-_CLIP = 1e-3  # smart-turn answers 0.999...: keep its logit finite
+W_TEXT = 1.27  # fitted (module doc) over the pauses whose words read as finished sentences
+TEXT_BIAS = 4.39
+W_FALL = -1.05  # per unit of log pitch ratio: a fall of 0.2 (3.5 semitones) adds +0.2
+BIAS = 0.58
+_CLIP = 1e-3  # smart-turn answers 0.999..., the text judge 0.0001: keep logits finite
 
 
 @dataclass(frozen=True)
@@ -75,9 +83,27 @@ class Cues:
         self, w_model: float = W_MODEL, w_fall: float = W_FALL, bias: float = BIAS
     ) -> float:
         """The combined P(finished) (module doc); the weights are parameters for tuning."""
-        p = min(max(self.smart_turn, _CLIP), 1 - _CLIP)
-        z = w_model * math.log(p / (1 - p)) + w_fall * (self.pitch_fall or 0.0) + bias
-        return 1 / (1 + math.exp(-z))
+        z = w_model * _logit(self.smart_turn) + w_fall * (self.pitch_fall or 0.0) + bias
+        return _sigmoid(z)
+
+
+def with_text(
+    p_audio: float, finished_text: float | None, w_text: float = W_TEXT, bias: float = TEXT_BIAS
+) -> float:
+    """The end-of-turn probability once the words' own, ``finished_text``, is in (the third
+    term, module doc); ``p_audio`` alone while it is not. The weights are parameters for tuning."""
+    if finished_text is None:
+        return p_audio
+    return _sigmoid(_logit(p_audio) + w_text * _logit(finished_text) + bias)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, _CLIP), 1 - _CLIP)
+    return math.log(p / (1 - p))
+
+
+def _sigmoid(z: float) -> float:
+    return 1 / (1 + math.exp(-z))
 
 
 class ModelNotInstalled(RuntimeError):
@@ -124,13 +150,9 @@ class EndOfTurnModel:
         self._features = WhisperFeatureExtractor(chunk_length=WINDOW_S, sampling_rate=SAMPLE_RATE)
         log.info("end-of-turn model loaded from %s", path)
 
-    def probability(self, audio: np.ndarray, transcript: str | None = None) -> float:
-        """P(the user has finished) from the turn's 16 kHz float32 mono audio up to now.
-
-        ``transcript`` is the turn's text so far, where speech recognition runs. No cue uses it
-        yet: it is part of the interface so that a text end-of-turn model can be combined here
-        (a third term of :meth:`Cues.probability`) without changing the callers.
-        """
+    def probability(self, audio: np.ndarray) -> float:
+        """P(the user has finished) from the turn's 16 kHz float32 mono audio up to now (the
+        words, when they come, are added by :func:`with_text`)."""
         return self.cues(audio).probability()
 
     def cues(self, audio: np.ndarray) -> Cues:

@@ -3,7 +3,8 @@ loop) whether the user has finished, and decide window by window whether to end 
 
 A :class:`SemanticTurnJudge` belongs to one session and holds one pause at a time: where it began,
 the model's answer (None until it is back), the task computing it, and what the words of the
-turn so far say, once a recogniser has heard them (:meth:`hear`). Speech that resumes ends the
+turn so far say, once a recogniser has heard them (:meth:`hear`): how they read, and the
+pipeline's probability that they are finished, which joins the model's (``probability_with_words``). Speech that resumes ends the
 pause: its answers, if still on their way, are dropped. The model runs on a thread pool shared by
 every session of the process (``JUDGE_THREADS``); each call is one thread of onnxruntime and numpy.
 """
@@ -15,7 +16,7 @@ import concurrent.futures
 import functools
 
 from duplex.turns.end_of_turn import shared_model
-from duplex.turns.semantic_policy import MIN_SILENCE_MS, Decision, decide
+from duplex.turns.semantic_policy import MIN_SILENCE_MS, Decision, decide, probability_with_words
 from duplex.turns.server_vad import TurnDetector
 from duplex.turns.transcript_cue import Words, read_transcript
 
@@ -35,6 +36,7 @@ class SemanticTurnJudge:
         self._probability: float | None = None
         self._task: asyncio.Future[float] | None = None
         self._words: Words | None = None
+        self._finished_text: float | None = None
 
     def should_end(self, detector: TurnDetector, eagerness: str) -> bool:
         """Whether to end the detector's turn now (asks the model once the pause is long enough)."""
@@ -49,7 +51,8 @@ class SemanticTurnJudge:
             loop = asyncio.get_running_loop()
             self._task = loop.run_in_executor(_pool(), shared_model().probability, audio)
             self._task.add_done_callback(functools.partial(self._answered, self._pause))
-        decision = decide(self._probability, detector.silence_ms, eagerness, words=self._words)
+        p = probability_with_words(self._probability, self._words, self._finished_text)
+        decision = decide(p, detector.silence_ms, eagerness, words=self._words)
         return decision is Decision.END
 
     @property
@@ -57,10 +60,11 @@ class SemanticTurnJudge:
         """Where the pause being judged began (a sample position), None between pauses."""
         return self._pause
 
-    def hear(self, pause: int, transcript: str) -> None:
-        """The words of the turn up to the pause that began at ``pause``, as recognised."""
+    def hear(self, pause: int, transcript: str, finished: float | None = None) -> None:
+        """The words of the turn up to the pause that began at ``pause``, as recognised, and the
+        pipeline's P(finished) for them, where it judges words."""
         if pause == self._pause:
-            self._words = read_transcript(transcript)
+            self._words, self._finished_text = read_transcript(transcript), finished
 
     def _answered(self, pause: int | None, task: asyncio.Future[float]) -> None:
         if pause == self._pause and not task.cancelled() and task.exception() is None:
@@ -75,4 +79,5 @@ class SemanticTurnJudge:
         """The pause is over (speech resumed, the turn ended or was dropped)."""
         if self._task is not None:
             self._task.cancel()
-        self._pause, self._probability, self._task, self._words = None, None, None, None
+        self._pause, self._probability, self._task = None, None, None
+        self._words, self._finished_text = None, None

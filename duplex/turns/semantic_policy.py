@@ -13,13 +13,16 @@ OpenAI's ``semantic_vad`` takes an ``eagerness`` (``low``, ``medium``, ``high``;
    outlasted the mid-sentence pauses of the tuning set (~1 s, the hold), and then the sooner the
    likelier it is.
 4. Where the words of the turn so far are known (:mod:`duplex.turns.transcript_cue`), words that
-   read as finished cap the bar at ``words_threshold`` and start its fall at ``words_hold_ms``
-   (sooner: a finished sentence seldom goes on after a long pause), and words that cannot end a
-   sentence hold the turn until the maximum wait.
+   cannot end a sentence hold the turn until the maximum wait, and words that read as finished
+   bring in the pipeline's own judgement of them, where it makes one (a language model's
+   P(finished), ``input_end_of_turn``): it joins the audio's probability
+   (:func:`probability_with_words`) and, when sure, ends the turn at the first ask. Words that
+   read as neither (numbers and codes, read in groups) add nothing.
 
 The numbers are tuned by ``python -m evaluation.turn_eval --tune`` on its spoken set: the
 smallest median end-of-speech -> decision time with no decision inside any mid-sentence pause,
-even were those pauses 30% longer.
+even were those pauses 30% longer. (A lower bar and an earlier fall for finished words, searched
+the same way on top of the text term, ended no turn sooner: the term is the words' whole effect.)
 
 A streaming detector uses it window by window, during a turn:
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from duplex.turns.end_of_turn import TEXT_BIAS, W_TEXT, with_text
 from duplex.turns.transcript_cue import Words
 
 
@@ -67,29 +71,19 @@ class Patience:
     threshold: float  # P(complete) that ends the turn as soon as the model has answered
     hold_ms: int  # silence until which the bar stays at ``threshold``
     max_wait_ms: int  # silence at which the turn ends regardless; the bar reaches 0 here
-    words_threshold: float = 0.88  # the bar's cap when the words read as finished (see below)
-    words_hold_ms: int = 1088  # and from when the bar falls then, if sooner than ``hold_ms``
 
-    def required(self, silence_ms: int, words: Words | None = None) -> float:
-        """The probability that ends the turn after ``silence_ms`` of silence, given what the
-        words of the turn so far say (None: not known; INCOMPLETE words wait for the maximum)."""
-        finished = words is Words.COMPLETE
-        hold = min(self.hold_ms, self.words_hold_ms) if finished else self.hold_ms
-        if silence_ms <= hold:
-            bar = self.threshold
-        else:
-            bar = self.threshold * max(0.0, 1.0 - (silence_ms - hold) / (self.max_wait_ms - hold))
-        return min(bar, self.words_threshold) if finished else bar
+    def required(self, silence_ms: int) -> float:
+        """The probability that ends the turn after ``silence_ms`` of silence."""
+        if silence_ms <= self.hold_ms:
+            return self.threshold
+        fall = (silence_ms - self.hold_ms) / (self.max_wait_ms - self.hold_ms)
+        return self.threshold * max(0.0, 1.0 - fall)
 
 
 # The search gave every eagerness the same bar and hold; what differs is how soon the bar reaches
-# zero. 1088 ms: longer than the set's mid-sentence pauses by the search's margin of 30%. With
-# finished words, the bar of medium (and low, which must not be the quicker) starts falling at
-# 640 ms; high's steep fall (to zero at 2 s) cuts mid-sentence pauses if it starts before 1088 ms.
-WORDS_HOLD_MS = {Eagerness.LOW: 640, Eagerness.MEDIUM: 640, Eagerness.HIGH: 1088}
+# zero. 1216 ms: longer than the set's mid-sentence pauses by the search's margin of 30%.
 PATIENCE = {
-    eagerness: Patience(threshold=0.92, hold_ms=1088, max_wait_ms=max_wait, words_threshold=0.88,
-                        words_hold_ms=WORDS_HOLD_MS[eagerness])
+    eagerness: Patience(threshold=0.94, hold_ms=1216, max_wait_ms=max_wait)
     for eagerness, max_wait in MAX_WAIT_MS.items()
 }
 
@@ -100,6 +94,18 @@ def patience(eagerness: Eagerness | str) -> Patience:
     return PATIENCE[Eagerness.MEDIUM if eagerness is Eagerness.AUTO else eagerness]
 
 
+def probability_with_words(
+    p_audio: float | None, words: Words | None, finished_text: float | None,
+    w_text: float = W_TEXT, bias: float = TEXT_BIAS,
+) -> float | None:
+    """The probability the policy weighs: the audio's, joined by the pipeline's judgement of the
+    words (``finished_text``) where they read as finished (module doc, rule 4). None while the
+    audio model has not answered. The weights are parameters for tuning."""
+    if p_audio is None:
+        return None
+    return with_text(p_audio, finished_text if words is Words.COMPLETE else None, w_text, bias)
+
+
 def decide(
     p_complete: float | None,
     silence_ms: int,
@@ -108,8 +114,8 @@ def decide(
     words: Words | None = None,
 ) -> Decision:
     """End the turn or wait, ``silence_ms`` into a pause whose end-of-turn probability is
-    ``p_complete`` (None while the model has not answered yet) and whose words read as ``words``
-    (None while unknown). ``rule`` replaces the eagerness's tuned :class:`Patience` (the
+    ``p_complete`` (None while the model has not answered yet; :func:`probability_with_words`
+    once the words are in) and whose words read as ``words`` (None while unknown). ``rule`` replaces the eagerness's tuned :class:`Patience` (the
     evaluation tries others)."""
     rule = rule or patience(eagerness)
     if silence_ms < MIN_SILENCE_MS:
@@ -118,6 +124,6 @@ def decide(
         return Decision.END
     if words is Words.INCOMPLETE:
         return Decision.WAIT
-    if p_complete is not None and p_complete >= rule.required(silence_ms, words):
+    if p_complete is not None and p_complete >= rule.required(silence_ms):
         return Decision.END
     return Decision.WAIT

@@ -1,6 +1,6 @@
 """The end-of-turn model (smart-turn v3.2 from the installed pipecat-ai wheel, plus the pitch cue)
 and the semantic_vad policy, on real speech made here with espeak-ng; the words cue on transcripts
-as Whisper writes them.
+as Whisper writes them, judged by the offline preset's text judge (SmolLM2-135M).
 
 The sentences are held out: none is in evaluation/turn_utterances.py, where the weights and the
 policy were tuned. Each turn is spoken as one SSML utterance, a pause inside it as a ``<break>``,
@@ -26,6 +26,7 @@ from duplex.turns.semantic_policy import (
     Eagerness,
     decide,
     patience,
+    probability_with_words,
 )
 from duplex.turns.transcript_cue import Words, read_transcript
 
@@ -82,25 +83,52 @@ def probabilities(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
     return out
 
 
-def test_finished_turns_score_high_and_pauses_inside_low(probabilities: dict[str, float]) -> None:
-    finished = [probabilities[t] for t in FINISHED]
-    unfinished = [probabilities[before] for before, _ in UNFINISHED]
-    # Measured: finished 0.85-0.94, unfinished 0.22-0.70.
-    assert min(finished) >= 0.78, probabilities
-    assert max(unfinished) < 0.78, probabilities
-    assert np.mean(finished) - np.mean(unfinished) > 0.25, probabilities
-
-
-def test_medium_answers_finished_turns_at_once_and_waits_through_pauses(
+def test_the_audio_cues_rank_finished_turns_above_pauses_inside(
     probabilities: dict[str, float],
 ) -> None:
-    # Not every finished turn is answered at the first ask (the cues are not that sure), but
-    # none of the unfinished ones may end anywhere inside its 800 ms pause.
-    at_once = [decide(probabilities[t], MIN_SILENCE_MS, "medium") for t in FINISHED]
-    assert Decision.END in at_once, probabilities
-    for before, _ in UNFINISHED:
+    finished = [probabilities[t] for t in FINISHED]
+    unfinished = [probabilities[before] for before, _ in UNFINISHED]
+    # Measured: finished 0.70-0.85, unfinished 0.49-0.70 (on piper's voice the audio says less:
+    # the words carry most of the signal, below).
+    assert np.mean(finished) - np.mean(unfinished) > 0.08, probabilities
+    for before, _ in UNFINISHED:  # the audio alone never ends a turn inside its 800 ms pause
         for silence in range(0, 800 + 1, 32):
             assert decide(probabilities[before], silence, "medium") is Decision.WAIT, before
+
+
+@pytest.fixture(scope="module")
+def judge():  # the text judge the offline preset's asr stage runs
+    pytest.importorskip("ctranslate2")
+    from pipeline.models.offline.finished_text import FinishedText
+
+    return FinishedText()
+
+
+# As Whisper writes them. The first three cannot end a sentence (the words hold the turn); the
+# last two read as finished sentences, and only the judge of the words tells that they go on.
+UNFINISHED_HEARD = ["I was hoping you could", "I would like to book a.",
+                    "Could you put me through to", "My favourite colours are blue.",
+                    "Well, I really need this."]
+
+
+def test_with_the_words_judged_medium_answers_finished_turns_at_once_and_waits_through_pauses(
+    probabilities: dict[str, float], judge, tmp_path: Path,
+) -> None:
+    for text in FINISHED:
+        p = probability_with_words(probabilities[text], read_transcript(text), judge.probability(text))
+        assert decide(p, MIN_SILENCE_MS, "medium", words=read_transcript(text)) is Decision.END, text
+    model = shared_model()
+    extra = {"My favourite colours are blue.": "and green.", "Well, I really need this.": "a bigger table."}
+    for heard in UNFINISHED_HEARD:
+        before = heard.rstrip(".")
+        p_audio = probabilities.get(before)
+        if p_audio is None:
+            spoken = _espeak(f'<speak>{before} <break time="800ms"/> {extra[heard]}</speak>', tmp_path)
+            p_audio = model.probability(_asked(_before_pause(spoken)))
+        words = read_transcript(heard)
+        p = probability_with_words(p_audio, words, judge.probability(heard))
+        for silence in range(0, 800 + 1, 32):
+            assert decide(p, silence, "medium", words=words) is Decision.WAIT, (heard, p)
 
 
 @pytest.mark.parametrize("eagerness", ["low", "medium", "high"])
@@ -134,7 +162,7 @@ def test_model_loads_from_the_installed_wheel_without_network(
     assert path.is_file() and {"site-packages", "dist-packages"} & set(path.parts), path
     model = EndOfTurnModel(path)
     audio = _asked(np.zeros(RATE, dtype=np.float32))
-    p = model.probability(audio, transcript="a transcript changes nothing yet")
+    p = model.probability(audio)
     assert 0.0 <= p <= 1.0 and p == model.probability(audio)
     assert end_of_turn.shared_model() is end_of_turn.shared_model()
 
@@ -154,12 +182,17 @@ def test_the_last_words_say_whether_a_sentence_can_end_there(transcript: str, wo
     assert read_transcript(transcript) is words
 
 
-def test_words_lower_the_bar_or_hold_the_turn_until_the_maximum_wait() -> None:
+def test_the_judged_words_join_only_when_they_read_as_finished_and_unfinished_ones_hold() -> None:
     rule = patience(Eagerness.MEDIUM)
-    p = (rule.words_threshold + rule.threshold) / 2  # between the two bars
-    assert decide(p, MIN_SILENCE_MS, rule=rule) is Decision.WAIT
-    assert decide(p, MIN_SILENCE_MS, rule=rule, words=Words.COMPLETE) is Decision.END
-    assert decide(p, MIN_SILENCE_MS, rule=rule, words=Words.UNKNOWN) is Decision.WAIT
+    p_audio = 0.6  # below the bar
+    sure = probability_with_words(p_audio, Words.COMPLETE, 0.5)
+    assert sure is not None and sure > rule.threshold
+    assert decide(sure, MIN_SILENCE_MS, rule=rule, words=Words.COMPLETE) is Decision.END
+    assert probability_with_words(p_audio, Words.COMPLETE, 0.0001) < p_audio  # judged going on
+    # Numbers and codes say nothing, whatever the judge says; nothing is weighed before the audio.
+    assert probability_with_words(p_audio, Words.UNKNOWN, 0.5) == p_audio
+    assert probability_with_words(p_audio, None, None) == p_audio
+    assert probability_with_words(None, Words.COMPLETE, 0.5) is None
     # Words that cannot end a sentence: even a sure model waits, and the maximum still ends it.
     late = rule.max_wait_ms - 32
     assert decide(0.999, late, rule=rule) is Decision.END

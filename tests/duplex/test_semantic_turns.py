@@ -25,7 +25,7 @@ from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from duplex.turns.config import TurnDetection
-from duplex.turns.semantic_policy import MAX_WAIT_MS, Eagerness
+from duplex.turns.semantic_policy import MAX_WAIT_MS, MIN_SILENCE_MS, Eagerness, patience
 from duplex.turns.server_vad import TurnDetector
 from harness.scripted_pipeline import RATE, ScriptedPipeline
 from harness.speech import speech, speech_with_pauses
@@ -150,10 +150,11 @@ async def test_an_answer_begun_in_a_pause_is_aborted_without_a_trace_when_the_us
     assert all(s.live_requests == 0 for s in stats.values()), stats
 
 
-async def _commit_time(transcript: str) -> tuple[int, Caller, ScriptedPipeline]:
+async def _commit_time(transcript: str, finished: float | None = None
+                       ) -> tuple[int, Caller, ScriptedPipeline]:
     """Audio ms of the pause (where the VAD found it) until the turn is committed, when the
-    speculative request's recogniser heard ``transcript``; the answer's chunks come before the turn
-    ends."""
+    speculative request's recogniser heard ``transcript`` (and judged it ``finished``, if given);
+    the answer's chunks come before the turn ends."""
     pipeline = ScriptedPipeline()
     caller = Caller(pipeline, eagerness="high")
     question = speech("What is the capital of France?", 16000, 0.3, 0.0)
@@ -162,7 +163,9 @@ async def _commit_time(transcript: str) -> tuple[int, Caller, ScriptedPipeline]:
     await caller.feed(question)
     while not pipeline.requests:
         await caller.silence(20)
-    pipeline.push(input_transcript=transcript)
+    assert pipeline.requests[0].params["end_of_turn"] is True  # the pipeline may judge the words
+    pipeline.push(input_transcript=transcript,
+                  **({} if finished is None else {"input_end_of_turn": finished}))
     pipeline.push(text="Paris.", audio=np.full(RATE // 10, 0.1, np.float32), sample_rate=RATE)
     while not caller.committed_at:
         await caller.silence(20)
@@ -191,6 +194,19 @@ async def test_the_words_of_the_pause_hold_an_unfinished_turn_and_the_adopted_an
         assert done["response"]["status"] == "completed"
         assert done["response"]["output"][0]["content"][0]["transcript"] == "Paris."
         await c.session.close()
+
+
+async def test_words_the_pipeline_judges_finished_end_the_turn_at_the_first_ask() -> None:
+    sure, *rest = await _commit_time("What is the capital of France?", finished=0.7)
+    doubtful, *more = await _commit_time("What is the capital of France?", finished=0.0001)
+    # The ask comes at MIN_SILENCE_MS of the VAD's silence (its lag after the pause's start
+    # besides): the judged words end the turn there, where words judged to go on leave it to the
+    # audio's doubt until the bar has fallen, past the hold.
+    rule = patience(Eagerness.HIGH)
+    assert sure < MIN_SILENCE_MS + 200 < rule.hold_ms < doubtful, (sure, doubtful)
+    for caller, pipeline in (rest, more):
+        pipeline.end()
+        await caller.session.close()
 
 
 async def test_kept_model_state_continues_through_an_aborted_and_an_adopted_speculation() -> None:

@@ -100,9 +100,46 @@ def recognizer():
     return Recognizer(StageContext(stage, {"asr": "packaged"}))
 
 
-def _run(recognizer, messages: list[dict]) -> dict:
-    (out,) = recognizer.run([BatchItem(StagePayload("r1", {"messages": messages}), final=True)])
+def _run(recognizer, messages: list[dict], params: dict | None = None) -> dict:
+    payload = StagePayload("r1", {"messages": messages}, params or {})
+    (out,) = recognizer.run([BatchItem(payload, final=True)])
     return out
+
+
+@pytest.fixture(scope="module")
+def judge():
+    from pipeline.models.offline.finished_text import FinishedText
+
+    return FinishedText()
+
+
+def test_the_text_judge_hears_finished_words_not_a_phrase_that_goes_on(judge) -> None:
+    """The packaged SmolLM2's P(the message ends here), on sentences the evaluation set does not
+    hold, as Whisper writes them (a full stop after a mid-sentence pause too)."""
+    finished = ["What is the capital of Canada?", "Please turn the music down.",
+                "How long does the battery last?", "Thanks, that's all."]
+    going_on = ["Could you tell me whether the.", "I would like to know if", "My address is",
+                "The reason I called is that."]
+    scores = {text: judge.probability(text) for text in finished + going_on}
+    assert min(scores[t] for t in finished) > max(scores[t] for t in going_on), scores
+    # Case and punctuation are not read: Whisper's full stop says nothing.
+    assert judge.probability("what is the capital of canada") == scores[finished[0]]
+    assert judge.probability(" ... ") == 0.0
+    # The assistant's last words are read: the same answer, after a question, is judged apart.
+    assert judge.probability("Yes.", "Shall I book it?") != judge.probability("Yes.")
+
+
+def test_the_recognizer_judges_the_words_only_when_the_request_asks(
+    recognizer, judge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recognizer, "_transcriber", _FakeTranscriber())
+    monkeypatch.setattr(recognizer, "_judge", judge)
+    audio = np.zeros(1600, np.float32)
+    turn = [{"role": "assistant", "text": "Where to?"},
+            {"role": "user", "text": None, "audio": audio, "sample_rate": 16000}]
+    assert "input_end_of_turn" not in _run(recognizer, turn)
+    out = _run(recognizer, turn, {"end_of_turn": True})
+    assert out["input_end_of_turn"] == judge.probability(out["input_transcript"], "Where to?")
 
 
 def test_only_user_audio_without_text_is_transcribed(

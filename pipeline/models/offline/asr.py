@@ -11,6 +11,11 @@ reaches the session as soon as it is recognised, whatever the ``lm`` stage is bu
 :class:`TurnTranscriber` is the same recogniser as a stage beside a model that hears audio but
 does not write down what it heard (Qwen3-Omni's ``transcribe`` stage): it transcribes the clip
 its feeder hands it (``transcribe_audio``, 16 kHz) and answers ``{"input_transcript": text}``.
+
+Both judge the words too where the stage's ``finished_text`` option names a language model and
+the request asks (``params["end_of_turn"]``: semantic_vad's speculative answer, begun at a pause
+of a turn that may go on): ``input_end_of_turn`` is then P(the turn is finished) from the words
+(``finished_text.py``), for the session's turn detector.
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ import re
 import zlib
 from math import gcd
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.models import StageContext
 from pipeline.models.offline.sources import asr_model_dir
 from pipeline.scheduling.base import BatchItem, RequestError
+
+if TYPE_CHECKING:
+    from pipeline.models.offline.finished_text import FinishedText
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +154,26 @@ def _says_a_run_twice(text: str) -> bool:
     return len(set(runs)) < len(runs)
 
 
+def finished_text_judge(ctx: StageContext) -> FinishedText | None:
+    """The stage's text end-of-turn judge, where its ``finished_text`` option names a language
+    model (``packaged``, a GGUF file or a Hugging Face folder: as the offline ``lm``'s)."""
+    choice = ctx.stage.options.get("finished_text")
+    if choice is None:
+        return None
+    from pipeline.models.offline.finished_text import FinishedText
+
+    return FinishedText(str(choice))
+
+
+def judged(params: dict[str, Any], judge: FinishedText | None, transcript: str,
+           context: str | None) -> dict[str, float]:
+    """``{"input_end_of_turn": P(finished)}`` for a request that asks (``params["end_of_turn"]``:
+    a turn that may not have ended yet, a speculative answer's) where the stage has a judge."""
+    if judge is None or not params.get("end_of_turn"):
+        return {}
+    return {"input_end_of_turn": judge.probability(transcript, context)}
+
+
 class Recognizer:
     """The ``asr`` stage's BatchRunner (one transcription per message that needs one)."""
 
@@ -154,11 +182,13 @@ class Recognizer:
         self._transcriber = Transcriber(
             asr_model_dir(str(ctx.model_args.get("asr", "packaged"))), threads=ctx.stage.threads
         )
+        self._judge = finished_text_judge(ctx)
 
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
-        return [self._prepare(item.payload.request_id, item.payload.data) for item in batch]
+        return [self._prepare(item.payload.request_id, item.payload.data, item.payload.params)
+                for item in batch]
 
-    def _prepare(self, rid: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    def _prepare(self, rid: str, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         messages = inputs.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(rid, "inputs.messages must be a non-empty list")
@@ -182,7 +212,12 @@ class Recognizer:
                 continue  # e.g. an assistant turn that was audio only: nothing to show the LM
             out.append({"role": role, "text": str(text)})
         # Only a turn heard as audio has a transcript to report (this stage is a terminal too).
-        return {"messages": out} if transcript is None else {"messages": out, "input_transcript": transcript}
+        if transcript is None:
+            return {"messages": out}
+        # The user answers the assistant's last words: "Yes." ends a turn after a question.
+        context = next((m["text"] for m in reversed(out[:-1]) if m["role"] == "assistant"), None)
+        return {"messages": out, "input_transcript": transcript,
+                **judged(params, self._judge, transcript, context)}
 
     def _transcribe(self, rid: str, index: int, message: dict[str, Any]) -> str:
         rate = message.get("sample_rate")
@@ -208,15 +243,18 @@ class TurnTranscriber:
         self._transcriber = Transcriber(
             asr_model_dir(str(ctx.stage.options.get("asr", "packaged"))), threads=ctx.stage.threads
         )
+        self._judge = finished_text_judge(ctx)
 
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
-        return [self._one(item.payload.request_id, item.payload.data) for item in batch]
+        return [self._one(item.payload.request_id, item.payload.data, item.payload.params)
+                for item in batch]
 
-    def _one(self, rid: str, data: dict[str, Any]) -> dict[str, Any]:
+    def _one(self, rid: str, data: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         clip = data.get("transcribe_audio")
         if clip is None:
             return {}
         text = self._transcriber.transcribe(np.asarray(clip, dtype=np.float32), WHISPER_RATE)
         log.info("request %s: the user's turn transcribed (%.1f s): %r", rid,
                  len(clip) / WHISPER_RATE, text)
-        return {"input_transcript": text}
+        # No context: the feeder hands the clip alone.
+        return {"input_transcript": text, **judged(params, self._judge, text, None)}
