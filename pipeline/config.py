@@ -77,6 +77,13 @@ class PipelineConfig(BaseModel):
     restart_delay_s: float = Field(
         default=0.5, gt=0, description="first delay before a dead stage process is started again"
     )
+    hang_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="a stage that does not answer the coordinator's periodic stats question (its "
+        "socket reader, event loop and worker thread all take part in the answer) for this long "
+        "hangs: it is handled as crashed, and its process killed and started again. Longer than "
+        "any one step of a model may take",
+    )
     # Below ~64 KiB a copy through the ZMQ socket is cheaper than a segment (create, write, read,
     # unlink and a release message): measured by evaluation/pipeline_overhead.py's payload rows.
     shm_threshold_bytes: int = Field(

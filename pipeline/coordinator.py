@@ -14,8 +14,8 @@ conversation, so that only what is new is computed. Client API: ``abort(id, keep
 (barge-in: keep what was heard), ``truncate_conversation``, ``close_conversation``. The book of
 conversations and its memory budget are owned here (``pipeline/scheduling/conversation_keeping.py``).
 
-What happens when something breaks (a stage fails a request or crashes, a send cannot be queued,
-the coordinator's own socket reader dies) is in ``pipeline/coordinator_faults.py``.
+What happens when something breaks (a stage fails a request, crashes or hangs, a send cannot be
+queued, the coordinator's own socket reader dies) is in ``pipeline/coordinator_faults.py``.
 """
 
 from __future__ import annotations
@@ -84,9 +84,13 @@ class Coordinator(CoordinatorFaults):
         self._casualties: set[str] = set()  # requests a crash failed, until every stage is back
         self._deaf: str | None = None  # why the reader died, until every stage was heard again
         self._receiver: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
         self.shutdown_hook: Callable[[], Awaitable[None]] | None = None
+        self.kill_hook: Callable[[str, str], None] | None = None
+        """(stage, why): stop a stage that hangs so that it is started again, as after a crash
+        (set by the runner where it can: the supervisor kills the stage's process)."""
         self.stage_pids: dict[str, int] = {}
         """Stage name -> OS pid of its process (process mode only)."""
         self.conversations = ConversationKeeping(
@@ -98,6 +102,7 @@ class Coordinator(CoordinatorFaults):
 
     def start(self) -> None:
         self._receiver = asyncio.create_task(self._receive(), name="coordinator-receive")
+        self._watcher = asyncio.create_task(self._watch_stages(), name="coordinator-watch")
 
     async def wait_ready(self, timeout: float) -> None:
         """Return once every stage is Ready; raise PipelineError if one crashed or time ran out."""
@@ -137,8 +142,9 @@ class Coordinator(CoordinatorFaults):
             self._send(stage, Shutdown())
         if self.shutdown_hook is not None:
             await self.shutdown_hook()
-        if self._receiver is not None:
-            self._receiver.cancel()
+        for task in (self._receiver, self._watcher):
+            if task is not None:
+                task.cancel()
         self._endpoint.close()
         metrics.PIPELINE_SHM_BYTES.set(0)
 
@@ -287,19 +293,30 @@ class Coordinator(CoordinatorFaults):
 
     async def stage_stats(self, timeout: float = 5.0) -> dict[str, StageStats]:
         """A fresh StageStats from every live stage (asked now, answered after pending commands)."""
-        token = next(self._tokens)
         # A stage the question cannot be sent to (not reading) is left out rather than waited for.
-        live = set(self._stages) - self._dead_stages()
-        stages = {s for s in live if self._send(s, StatsRequest(token))}
+        asked, silent = await self._ask_stats(set(self._stages) - self._dead_stages(), timeout)
+        if silent:
+            raise TimeoutError(f"no stats from {sorted(silent)} within {timeout:g} s")
+        return {s: self._stats[s] for s in asked}
+
+    async def _ask_stats(self, stages: set[str], timeout: float) -> tuple[set[str], set[str]]:
+        """Ask ``stages`` for a fresh StageStats and wait up to ``timeout`` for the answers; returns
+        (the stages asked, those of them that did not answer). A stage that crashes meanwhile is
+        not waited for."""
+        token = next(self._tokens)
+        asked = {s for s in stages if self._send(s, StatsRequest(token))}
+        waiting = set(asked)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._stats_waiters[token] = (set(stages), done)
-        if not stages:
+        self._stats_waiters[token] = (waiting, done)
+        if not waiting:
             done.set_result(None)
         try:
             await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            pass
         finally:
             self._stats_waiters.pop(token, None)
-        return {s: self._stats[s] for s in stages}
+        return asked, waiting
 
     @property
     def requests_in_flight(self) -> int:

@@ -6,6 +6,13 @@
 - A stage crashes (its process died, its worker thread or socket reader died): every response in
   flight fails and is cleared from the surviving stages; new requests are refused until the
   restarted stage is Ready, and it is told to forget the requests the crash failed.
+- A stage hangs (its worker blocked in a step, its event loop or socket reader stuck): it cannot
+  say so, so the coordinator asks every serving stage for its stats every ``hang_timeout_s / 4``
+  (the socket reader, the event loop and the worker each take part in the answer: the worker
+  answers between two steps), and a stage that has not answered within ``hang_timeout_s`` is
+  handled as crashed, then stopped (``kill_hook``: its process is killed) so that it is started
+  again. Without this a hung stage would fail every request it gets by the stream idle timeout,
+  for good.
 - A control message cannot be queued (``SendError``): logged; what it would have caused ends by
   its own timeout (an abort, a stats question).
 - The coordinator's own socket reader dies: messages may be lost (chunks, acks), so every response
@@ -129,6 +136,28 @@ class CoordinatorFaults:
         for rid, pending in self._aborts.items():
             for stage in pending.pending:
                 self._send(stage, pending.message)
+
+    async def _watch_stages(self: Coordinator) -> None:
+        """Find the stages that hang (see module doc); runs from ``start`` to ``close``."""
+        timeout = self.config.hang_timeout_s
+        while not self._closed:
+            await asyncio.sleep(timeout / 4)
+            if self._deaf is not None:
+                continue  # nothing is heard now: the reader's own recovery asks every stage
+            serving = self._ready_stages - self._dead_stages()
+            asked, silent = await self._ask_stats(serving, timeout)
+            if self._closed or self._deaf is not None:
+                continue  # the answers may have been lost with the reader
+            # A question that could not even be queued counts too: the stage does not read.
+            for stage in sorted((silent | (serving - asked)) - self._dead_stages()):
+                self._on_hung(stage)
+
+    def _on_hung(self: Coordinator, stage: str) -> None:
+        why = (f"no answer for {self.config.hang_timeout_s:g} s: its worker, event loop or socket "
+               "reader hangs")
+        self.on_stage_crashed(stage, why)
+        if self.kill_hook is not None:
+            self.kill_hook(stage, why)
 
     async def _hear_again(self: Coordinator) -> None:
         """After a new reader started: serve again once every live stage answered through it."""

@@ -105,6 +105,7 @@ def _start_processes(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
     coordinator.start()
     supervisor = ProcessSupervisor(config, coordinator, serve_stage_group, (str(directory), spec))
     supervisor.start()
+    coordinator.kill_hook = supervisor.kill
 
     async def shutdown() -> None:
         await supervisor.stop()

@@ -5,7 +5,8 @@ no model state is inherited) from ``start`` to ``stop``. When a process dies, ev
 reported to the coordinator as crashed (which fails what is in flight and refuses new requests),
 its shared-memory segments are removed, and the process is started again after a delay
 (``restart_delay_s``) that doubles while it keeps dying (and starts over once it has lived ``RESTART_RESET_S``); the
-coordinator serves again once the new process's stages are Ready.
+coordinator serves again once the new process's stages are Ready. A process with a stage that
+hangs (the coordinator's ``kill_hook``) is killed, and then goes the same way.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ProcessSupervisor:
         self._context = multiprocessing.get_context("spawn")
         self._processes: dict[str, BaseProcess] = {}
         self._crashes: dict[str, tuple[int, float]] = {}  # group -> (deaths in a row, last death)
+        self._killed: dict[str, str] = {}  # group -> why it was killed, until its exit is seen
         self._restarts: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._loop = asyncio.get_running_loop()
@@ -62,15 +64,27 @@ class ProcessSupervisor:
         for stage in self._config.process_groups[group]:
             self._coordinator.stage_pids[stage.name] = process.pid
 
+    def kill(self, stage: str, why: str) -> None:
+        """Kill the process of ``stage``, which hangs (``why``); it restarts as after a crash."""
+        group = self._config.stage(stage).process
+        process = self._processes.get(group)
+        if self._stopping or process is None or not process.is_alive():
+            return
+        log.error("killing stage process %r (pid %s): stage %s: %s", group, process.pid, stage, why)
+        self._killed[group] = f"stage {stage}: {why}"
+        process.kill()
+
     def _on_exit(self, group: str) -> None:
         process = self._processes[group]
         self._loop.remove_reader(process.sentinel)
         if self._stopping:
             return
         process.join()
+        killed = self._killed.pop(group, None)
+        how = f"was killed ({killed})" if killed else f"exited with code {process.exitcode}"
         for stage in self._config.process_groups[group]:
             self._coordinator.on_stage_crashed(
-                stage.name, f"process {group!r} (pid {process.pid}) exited with code {process.exitcode}"
+                stage.name, f"process {group!r} (pid {process.pid}) {how}"
             )
         if process.pid is not None:
             remove_segments_of(process.pid)

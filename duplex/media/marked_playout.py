@@ -9,7 +9,7 @@ resuming (a false interruption) sends again everything after the last echoed mar
 confirmed interruption) sends ``clear`` and forgets it.
 
 A MarkedPlayout belongs to one session (one media stream); the chunks it keeps are those sent
-and not yet acknowledged, dropped as marks come back and when the item ends.
+and not yet acknowledged, dropped as marks come back, when the item ends and at ``close``.
 """
 
 from __future__ import annotations
@@ -130,3 +130,14 @@ class MarkedPlayout:
 
     def queued_seconds(self) -> float:
         return (self._sent - self._heard) / self.rate if self._item is not None else 0.0
+
+    def close(self) -> None:
+        self.finish(False)
+        self.listener = None
+        self._resampler = None
+        # The three senders are the connection's, which owns this playout: let go of them.
+        self._send_media = self._send_mark = self._send_clear = _closed
+
+
+def _closed(*_: object) -> None:
+    """What a closed playout sends with: nothing."""

@@ -13,7 +13,7 @@ This is the one object in which the two kinds of transport differ:
 
 An AgentAudio belongs to one session and lives as long as it; it plays one response's item at a
 time (``begin`` … ``finish``), and reports to the session through its ``listener``. Per-item
-counters are dropped by ``finish``.
+counters are dropped by ``finish``; ``close`` (the session closed) drops the rest.
 """
 
 from __future__ import annotations
@@ -74,6 +74,10 @@ class AgentAudio(Protocol):
 
     def queued_seconds(self) -> float:
         """Audio waiting to be played out."""
+
+    def close(self) -> None:
+        """The session closed: forget the item, the listener and the resampler; play nothing more.
+        What the session owns must not refer back to it once it closed (see ``Session._let_go``)."""
 
 
 class _Item:
@@ -159,6 +163,13 @@ class PacedPlayout:
     def queued_seconds(self) -> float:
         return self.track.queued_seconds
 
+    def close(self) -> None:
+        self.finish(False)
+        self.listener = None
+        self._resampler = None
+        # The track may outlive the call (aiortc's sender holds it): it must not hold this.
+        self.track.on_playout = None
+
     def _on_track(self, track_event: TrackEvent) -> None:
         item = self._item
         if track_event.kind == "drained":
@@ -232,3 +243,7 @@ class ClientPlayout:
 
     def queued_seconds(self) -> float:
         return 0.0
+
+    def close(self) -> None:
+        self.finish(False)
+        self.listener = None

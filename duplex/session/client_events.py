@@ -67,26 +67,13 @@ class ClientEvents:
         self._created: set[str] = set()  # ids of the client's items, as long as the history has them
         self._decoder: InboundDecoder | None = None  # input_audio_buffer.append's stream
         self._audio_budget = TokenBucket(AUDIO_RATE_S, AUDIO_BURST_S)
-        self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
-            "session.update": self._session_update,
-            "input_audio_buffer.append": self._append,
-            "input_audio_buffer.commit": self._commit,
-            "input_audio_buffer.clear": self._clear,
-            "conversation.item.create": self._item_create,
-            "conversation.item.truncate": self._item_truncate,
-            "conversation.item.delete": self._item_delete,
-            "conversation.item.retrieve": self._item_retrieve,
-            "response.create": self._response_create,
-            "response.cancel": self._response_cancel,
-            "output_audio_buffer.clear": self._output_clear,
-        }
 
     async def handle(self, message: Any) -> bool:
         """One client event (parsed JSON); a bad one becomes an ``error`` event. False when it is
         no event of the protocol at all (not an object, no type, an unknown type)."""
         event_id = client_event_id(message)
         kind = message.get("type") if isinstance(message, dict) else None
-        handler = self._handlers.get(kind) if isinstance(kind, str) else None
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
         try:
             if not isinstance(message, dict):
                 raise RealtimeError("an event must be a JSON object", code="invalid_event")
@@ -95,7 +82,7 @@ class ClientEvents:
                     f"unknown event type {kind!r}" if kind else "the event has no type",
                     code="unknown_event" if kind else "missing_required_parameter", param="type",
                 )
-            await handler(message)
+            await handler(self, message)
         except AudioFormatError as err:
             self.session.send(error_event(str(err), "invalid_audio", "audio", event_id))
         except RealtimeError as err:
@@ -261,3 +248,22 @@ class ClientEvents:
     async def _output_clear(self, message: dict[str, Any]) -> None:
         self.session.audio.clear()
         await self.session.cancel_response("client_cancelled")
+
+
+# Each client event type and the ClientEvents method that handles it, as plain functions: bound
+# methods kept per instance would make every ClientEvents a reference cycle, which keeps its
+# session (and the session's resamplers) alive after the session closed, until Python's cyclic
+# garbage collector runs.
+_HANDLERS: dict[str, Callable[[ClientEvents, dict[str, Any]], Awaitable[None]]] = {
+    "session.update": ClientEvents._session_update,
+    "input_audio_buffer.append": ClientEvents._append,
+    "input_audio_buffer.commit": ClientEvents._commit,
+    "input_audio_buffer.clear": ClientEvents._clear,
+    "conversation.item.create": ClientEvents._item_create,
+    "conversation.item.truncate": ClientEvents._item_truncate,
+    "conversation.item.delete": ClientEvents._item_delete,
+    "conversation.item.retrieve": ClientEvents._item_retrieve,
+    "response.create": ClientEvents._response_create,
+    "response.cancel": ClientEvents._response_cancel,
+    "output_audio_buffer.clear": ClientEvents._output_clear,
+}

@@ -22,6 +22,10 @@ class Conversation:
         self.history = history
         self._send = send
 
+    def close(self) -> None:
+        """The session closed: tell nobody any more (``send`` is the session's, which owns this)."""
+        self._send = _nobody
+
     def add(self, item: Item) -> str | None:
         """Append ``item`` without announcing it (a response announces its own); returns the id of
         the item before it."""
@@ -79,3 +83,7 @@ class Conversation:
         wire = wire_item(item)
         for message in [*item_added(wire, previous), event("conversation.item.done", item=wire)]:
             self._send(message)
+
+
+def _nobody(message: dict[str, Any]) -> None:
+    """Where a closed session's conversation sends its events."""

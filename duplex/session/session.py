@@ -84,7 +84,8 @@ class Session:
         model_name: str,
     ) -> None:
         self.id = session_id
-        self.transport = transport
+        self.transport: SessionTransport | None = transport
+        """Where events go; None once the session closed (it lets go of the connection)."""
         self.audio = audio
         self.pipeline = pipeline
         self.defaults = defaults
@@ -143,10 +144,22 @@ class Session:
         await self._model_state.close()
         self.history.clear()
         self._input.clear()
+        self._let_go()
         self.log.info("session %s closed", self.id)
 
+    def _let_go(self) -> None:
+        """Cut the references that lead back to this session: its audio reports to it, its
+        conversation sends through it, and the transport it sends through owns it. With them, a
+        closed session and everything it holds (the resamplers, each a libswresample filter graph
+        with threads of its own) would wait for Python's cyclic garbage collector; without them,
+        reference counting frees it as soon as its transport lets go."""
+        self.barge_in = None  # a pending backchannel check calls back into the session
+        self.audio.close()
+        self.conversation.close()
+        self.transport = None
+
     def send(self, message: dict[str, Any]) -> None:
-        if not self._closed:
+        if not self._closed and self.transport is not None:
             self.transport.send_event(message)
 
     def session_object(self) -> dict[str, Any]:

@@ -220,9 +220,18 @@ class SessionBinding:
         for task in self._tasks:
             if task is not current:
                 task.cancel()
+        # A cancelled task keeps its frames (through its exception's traceback), and those this
+        # binding: holding the tasks, and the transport's close, would make cycles that keep the
+        # closed session alive until Python's cyclic garbage collector runs (Session._let_go).
+        self._tasks.clear()
+        self._close_transport = _already_closed
         try:
             await self.session.close()
         finally:
             self._registry.release(self.id)
             self.ended.set()
             self.log.info("session ended (%s)", reason)
+
+
+async def _already_closed(closing: Closing) -> None:
+    """The transport's close once the binding ended: the connection is gone already."""

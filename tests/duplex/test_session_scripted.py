@@ -14,10 +14,13 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 
 from duplex.media.paced_track import OutboundAudioTrack
 from duplex.media.playout import ClientPlayout, PacedPlayout
 from duplex.registry import SessionRegistry
+from duplex.session import client_events
+from duplex.session.client_events import ClientEvents
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from duplex.transports.binding import SessionBinding
@@ -224,14 +227,16 @@ async def test_truncation_keeps_exactly_the_voiced_text_that_was_heard() -> None
     await host.binding.end("test over")
 
 
-async def test_a_failing_event_handler_becomes_an_error_event_and_later_events_still_work() -> None:
+async def test_a_failing_event_handler_becomes_an_error_event_and_later_events_still_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pipeline = ScriptedPipeline()
     host = Host(pipeline)
 
-    async def broken(message: dict[str, Any]) -> None:
+    async def broken(events: ClientEvents, message: dict[str, Any]) -> None:
         raise RuntimeError("a bug in a handler")
 
-    host.binding.events._clear = broken  # type: ignore[method-assign]  # the "clear" handler
+    monkeypatch.setitem(client_events._HANDLERS, "input_audio_buffer.clear", broken)
     host.binding.receive('{"type": "input_audio_buffer.clear", "event_id": "ev_1"}')
     host.binding.receive("{not json")
     host.binding.receive('{"type": "session.update", "session": {"instructions": "Be brief."}}')

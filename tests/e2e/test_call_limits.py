@@ -122,34 +122,42 @@ async def test_a_multipart_offer_with_a_session_configures_the_call(
 
 
 async def test_ended_calls_leave_no_objects_behind(app_state: tuple[httpx.AsyncClient, AppState]) -> None:
-    """Memory per session: after hang-up, the call, its session, peer and track are collectable."""
+    """Memory per session: after hang-up, the call, its session, peer, track and resampler are
+    freed at once, by reference counting: the cyclic garbage collector is off (as in
+    test_closed_sessions.py)."""
     http, state = app_state
     slots: list[weakref.ref[object]] = []
-    for _ in range(2):
-        peer, answer = await offer(http)
-        assert answer.status_code == 201
-        await peer.pc.setRemoteDescription(
-            RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
-        peer.channel.on("open", peer.notify)
-        await peer.wait_for(lambda: peer.channel.readyState == "open")
-        mic = peer.pc.getSenders()[0].track
-        await mic.say(speech("What is the weather like tomorrow?", 48000, 0.3, 0.0))
-        await peer.wait_for(lambda: '"response.done"' in " ".join(peer.messages))
-        slot = state.registry.get(answer.headers["location"].rsplit("/", 1)[-1])
-        assert slot is not None
-        binding = slot.close.__self__  # the SessionBinding that holds the slot
-        call = binding.session.transport  # the WebRTCCall that owns the binding
-        slots += [weakref.ref(binding), weakref.ref(call), weakref.ref(call.session),
-                  weakref.ref(call.peer), weakref.ref(call.peer.outbound)]
-        del slot, binding, call
-        assert (await http.post(f"{answer.headers['location']}/hangup")).status_code == 200
-        await peer.close()
-    for _ in range(50):  # aiortc's tasks wind down over a few loop turns after close
-        gc.collect()
-        if all(ref() is None for ref in slots):
-            break
-        await asyncio.sleep(0.02)
-    alive = [type(ref()).__name__ for ref in slots if ref() is not None]
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(2):
+            peer, answer = await offer(http)
+            assert answer.status_code == 201
+            await peer.pc.setRemoteDescription(
+                RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
+            peer.channel.on("open", peer.notify)
+            await peer.wait_for(lambda: peer.channel.readyState == "open")
+            mic = peer.pc.getSenders()[0].track
+            await mic.say(speech("What is the weather like tomorrow?", 48000, 0.3, 0.0))
+            await peer.wait_for(lambda: '"response.done"' in " ".join(peer.messages))
+            slot = state.registry.get(answer.headers["location"].rsplit("/", 1)[-1])
+            assert slot is not None
+            binding = slot.close.__self__  # the SessionBinding that holds the slot
+            call = binding.session.transport  # the WebRTCCall that owns the binding
+            slots += [weakref.ref(binding), weakref.ref(call), weakref.ref(call.session),
+                      weakref.ref(call.peer), weakref.ref(call.peer.outbound),
+                      weakref.ref(call.session.audio._resampler)]
+            del slot, binding, call
+            assert (await http.post(f"{answer.headers['location']}/hangup")).status_code == 200
+            await peer.close()
+        for _ in range(50):  # aiortc's tasks wind down over a few loop turns after close
+            if all(ref() is None for ref in slots):
+                break
+            await asyncio.sleep(0.02)
+        # Before the collector is on again: its first allocation may run a pass.
+        alive = [type(ref()).__name__ for ref in slots if ref() is not None]
+    finally:
+        gc.enable()
     assert not alive, f"still referenced after hang-up: {alive}"
 
 

@@ -68,7 +68,7 @@ class CallPeer:
     def __init__(self, call_id: str, policy: IcePolicy, listener: PeerListener) -> None:
         self.call_id = call_id
         self._policy = policy
-        self._listener = listener
+        self._listener: PeerListener | None = listener  # until close
         self._log = logging.LoggerAdapter(logger, {"session_id": call_id})
         self._pc = RTCPeerConnection(policy.configuration())
         self.outbound = OutboundAudioTrack()
@@ -140,7 +140,17 @@ class CallPeer:
             self._reader.cancel()
         await self._pc.close()
         self._log.info("peer closed (%s)", reason)
-        self._listener.on_closed(reason)
+        # Let go of everything that leads back here or to the call (which owns this peer): the
+        # handlers aiortc holds, the cancelled reader (its frames hold the peer), the listener.
+        # Left behind, those cycles keep the whole call (its session, its resamplers) alive
+        # until Python's cyclic garbage collector runs.
+        self._pc.remove_all_listeners()
+        if self._channel is not None:
+            self._channel.remove_all_listeners()
+        self._reader = None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.on_closed(reason)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self._reader is not None:
@@ -157,7 +167,7 @@ class CallPeer:
                 return
             arrival = time.monotonic()
             samples = resampler.push(frame)
-            if len(samples):
+            if len(samples) and self._listener is not None:
                 self._listener.on_audio(samples, arrival)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
@@ -171,7 +181,8 @@ class CallPeer:
             channel.send(self._pending.popleft())
 
     def _on_message(self, message: str | bytes) -> None:
-        self._listener.on_message(message)
+        if self._listener is not None:
+            self._listener.on_message(message)
 
     async def _on_connection_state(self) -> None:
         state = self._pc.connectionState
