@@ -3,24 +3,26 @@
 semantic_vad hears intonation (:mod:`duplex.turns.end_of_turn`); where the model pipeline
 recognises speech (the ``offline`` preset's ``asr`` stage), a speculative response started at the
 pause brings back the transcript of the turn so far (:mod:`duplex.session.speculation`), and its
-last words say what audio cannot: "I want to fly from Boston to" has not finished however its
-pitch falls, and "...to Chicago next Friday." has.
+last words say what audio cannot: "I would like a large pizza and" has not finished however its
+pitch falls. Most of what words say needs a language model (the pipeline's text judge,
+``input_end_of_turn``: "...from Boston to" is unfinished, "Where are you from?" is not); the rules
+here are the few that need none.
 
 :func:`read_transcript` sorts a transcript into three kinds, by rules that hold for English:
 
-- ``INCOMPLETE``: it ends in a word that cannot end a sentence (an article, a preposition, a
-  conjunction, a possessive, an auxiliary, a subject pronoun), or in an ellipsis, a comma or a
-  dash (Whisper writes "I think that..." for a speaker who stops mid-phrase);
+- ``INCOMPLETE``: it ends in a word that cannot end a sentence (an article, a conjunction, a
+  possessive determiner), or in an ellipsis, a comma or a dash (Whisper writes "I think that..."
+  for a speaker who stops mid-phrase);
 - ``COMPLETE``: it ends in a full stop, a question mark or an exclamation mark after a word
   that can end one;
 - ``UNKNOWN``: anything else, and always a transcript that ends in a digit or a single letter:
   numbers and codes are read in groups ("My number is 555." then "0192"), and Whisper puts a
   full stop after the first group as readily as after the last.
 
-On the espeak-ng evaluation set (``python -m evaluation.turn_eval``), 10 of 46 mid-sentence pauses
+On the evaluation set (``python -m evaluation.turn_eval``), 21 of 69 asked mid-sentence pauses
 read as COMPLETE ("Well, I really need this." before "a bigger table"), so the words alone never
-end a turn: the policy (:mod:`duplex.turns.semantic_policy`) lowers the bar for COMPLETE words and
-holds it up for INCOMPLETE ones. Stateless.
+end a turn: the policy (:mod:`duplex.turns.semantic_policy`) weighs the text judge's probability
+for COMPLETE words and holds the turn for INCOMPLETE ones. Stateless.
 """
 
 from __future__ import annotations
@@ -35,16 +37,14 @@ class Words(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-# Words after which an English sentence goes on. Object pronouns ("you", "me", "it") are not
-# here: "Thank you." ends a turn.
+# Words after which an English sentence goes on, whatever else is said. Only those that never end
+# one: prepositions ("Where are you from?"), auxiliaries ("How many legs does a spider have?"),
+# pronouns ("Who is she?") and relatives can, and the text judge (``finished_text``) reads those
+# in context.
 _CONTINUING_BY_KIND = {
     "articles": "a an the",
-    "prepositions": "to of for with from at in on near into onto by about than as like",
-    "conjunctions": "and or but nor because although though if unless while whereas",
-    "possessives and relatives": "my your our their his her its whose which who",
-    "auxiliaries": "is are was were am be been being do does did have has had will would can "
-                   "could should shall may might must",
-    "subject pronouns": "i we they he she",
+    "conjunctions": "and or nor because although though unless whereas",
+    "possessive determiners": "my your our their",
 }
 _CONTINUING = frozenset(w for words in _CONTINUING_BY_KIND.values() for w in words.split())
 _WORD = re.compile(r"[a-z0-9']+")

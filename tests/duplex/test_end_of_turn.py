@@ -104,8 +104,8 @@ def judge():  # the text judge the offline preset's asr stage runs
     return FinishedText()
 
 
-# As Whisper writes them. The first three cannot end a sentence (the words hold the turn); the
-# last two read as finished sentences, and only the judge of the words tells that they go on.
+# As Whisper writes them. "...book a." cannot end a sentence (the words hold the turn); the others
+# may, as far as rules tell, and only the judge of the words says that they go on.
 UNFINISHED_HEARD = ["I was hoping you could", "I would like to book a.",
                     "Could you put me through to", "My favourite colours are blue.",
                     "Well, I really need this."]
@@ -170,7 +170,10 @@ def test_model_loads_from_the_installed_wheel_without_network(
 @pytest.mark.parametrize(("transcript", "words"), [
     ("What is the capital of France?", Words.COMPLETE),
     ("Thank you.", Words.COMPLETE),  # "you" may end a sentence
-    ("I would like to order a large pizza with.", Words.INCOMPLETE),  # Whisper's full stop
+    ("I would like to order a large pizza and.", Words.INCOMPLETE),  # Whisper's full stop
+    ("Could you book me a.", Words.INCOMPLETE),
+    ("How many legs does a spider have?", Words.COMPLETE),  # auxiliaries, prepositions and
+    ("Where are you from?", Words.COMPLETE),  # pronouns may end one: the text judge reads them
     ("I think that...", Words.INCOMPLETE),
     ("I need eggs, milk,", Words.INCOMPLETE),
     ("My number is 555.", Words.UNKNOWN),  # numbers are read in groups

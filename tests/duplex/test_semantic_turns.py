@@ -174,7 +174,7 @@ async def _commit_time(transcript: str, finished: float | None = None
 
 
 async def test_the_words_of_the_pause_hold_an_unfinished_turn_and_the_adopted_answer_replays() -> None:
-    held, caller, pipeline = await _commit_time("I want to fly from Boston to")
+    held, caller, pipeline = await _commit_time("I would like a large pizza and")
     # Words that cannot end a sentence: only the maximum wait ends the turn (a commit is recorded
     # at the start of the 20 ms step that brought it).
     assert held + STEP // 16 >= MAX_WAIT_MS[Eagerness.HIGH], held
