@@ -11,7 +11,8 @@ Ended request ids are remembered (bounded) so that an aborted id can never be su
 Conversations (the session's contract is in ``pipeline/scheduling/conversation_book.py``): a
 request with ``params["conversation_id"]`` may continue the state that stages keep for its
 conversation, so that only what is new is computed. Client API: ``abort(id, keep_answer_tokens=n)``
-(barge-in: keep what was heard), ``truncate_conversation``, ``close_conversation``. The book of
+(barge-in, or a client's truncation once the answer ended: keep what was heard, also of a request
+that already ended), ``close_conversation``. The book of
 conversations and its memory budget are owned here (``pipeline/scheduling/conversation_keeping.py``).
 
 What happens when something breaks (a stage fails a request, crashes or hangs, a send cannot be
@@ -242,12 +243,6 @@ class Coordinator(CoordinatorFaults):
             # keeps the turn only where it had begun (every keeping stage says its state ends with it).
             kept = all(made_by == request_id for made_by in pending.kept_by.values())
             self.conversations.end(request_id, flight.outcome, flight.keep_answer_tokens, kept)
-
-    async def truncate_conversation(self, conversation_id: str, kept_answer_tokens: int) -> None:
-        """Cut the conversation's last answer to its first ``kept_answer_tokens`` tokens in the
-        state stages keep (aborting its request if still in flight); returns once every stage
-        acknowledged. The session's history must hold that answer cut the same way."""
-        await self.conversations.truncate(conversation_id, kept_answer_tokens)
 
     async def close_conversation(self, conversation_id: str) -> None:
         """The session is gone: abort its request in flight and free every state kept for it."""

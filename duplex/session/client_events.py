@@ -224,7 +224,7 @@ class ClientEvents:
             raise RealtimeError(f"no assistant item {item_id!r}", code="item_not_found", param="item_id")
         if audio_end_ms < 0:
             raise RealtimeError("audio_end_ms must not be negative", param="audio_end_ms")
-        self.session.conversation.truncate(item, audio_end_ms)
+        await self.session.truncate_heard(item, audio_end_ms)
 
     async def _item_delete(self, message: dict[str, Any]) -> None:
         self.session.conversation.delete(_field(message, "item_id", str))

@@ -55,11 +55,13 @@ class Conversation:
             raise RealtimeError(f"no item {item_id!r}", code="item_not_found", param="item_id")
         self._send(event("conversation.item.deleted", item_id=item_id))
 
-    def truncate(self, item: Item, audio_end_ms: int) -> None:
-        """Cut an assistant item to the audio the user heard (its text too: see History)."""
-        self.history.truncate(item, audio_end_ms)
+    def truncate(self, item: Item, audio_end_ms: int) -> int | None:
+        """Cut an assistant item to the audio the user heard (its text too: see History); returns
+        the answer tokens whose text it keeps, where that is token-exact."""
+        tokens = self.history.truncate(item, audio_end_ms)
         self._send(event("conversation.item.truncated", item_id=item.id, content_index=0,
                          audio_end_ms=audio_end_ms))
+        return tokens
 
     def transcribed(self, user: Item, transcript: str) -> None:
         """The recogniser's text of a spoken user turn: kept as its text, and told."""

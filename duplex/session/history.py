@@ -111,8 +111,9 @@ class History:
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
 
-    def truncate(self, item: Item, audio_end_ms: int) -> None:
-        """Keep only the text of the audio the user heard, the first ``audio_end_ms`` of it.
+    def truncate(self, item: Item, audio_end_ms: int) -> int | None:
+        """Keep only the text of the audio the user heard, the first ``audio_end_ms`` of it; returns
+        the answer tokens whose text the item keeps where that is token-exact (else None).
 
         When the model said which text each audio chunk voices, the heard text is exact: every
         span whose audio had ended, and of the span being spoken its heard share, through the word
@@ -125,10 +126,11 @@ class History:
         heard, never less).
         """
         tokens = voiced_tokens(item, audio_end_ms)
+        exact = not item.spans and tokens is not None and len(item.delta_tokens) == len(item.deltas)
         if item.spans:
             kept = _heard_spans(item.spans, audio_end_ms)
             item.deltas = [(kept, 0)] if kept else []
-        elif tokens is not None and len(item.delta_tokens) == len(item.deltas):
+        elif exact:
             # Text runs ahead of audio, so the text of every voiced token is in by now. (A character
             # whose bytes the last kept token only begins comes with the token that completes it,
             # and is left out.)
@@ -145,6 +147,7 @@ class History:
             item.deltas = [(d, at) for d, at in item.deltas if at < audio_end_ms]
         item.text = "".join(d for d, _ in item.deltas)
         item.truncated_at_ms = audio_end_ms
+        return tokens if exact else None
 
     def messages(self, instructions: str | None, pending: Item | None = None) -> list[dict[str, Any]]:
         """The model's input (OmniRequest.inputs["messages"]), newest audio first in the budget;

@@ -56,11 +56,12 @@ class RequestBuilder:
             for given in input_items:
                 source.add(given)
         messages = source.messages(spec.instructions, pending)
+        request_id = new_id("req")
         if input_items is None and not spec.out_of_band:
-            kept = self._model_state.conversation_for(messages, params.get("tools"))
+            kept = self._model_state.conversation_for(messages, params.get("tools"), request_id)
             if kept is not None:
                 params["conversation_id"] = kept
-        return OmniRequest(new_id("req"), {"messages": messages}, params)
+        return OmniRequest(request_id, {"messages": messages}, params)
 
     def speculative(self, config: SessionConfig, turn_audio: np.ndarray) -> OmniRequest:
         """The answer to the turn so far, begun at a pause (:mod:`duplex.session.speculation`)."""

@@ -381,6 +381,20 @@ class Session:
         self.conversation.commit_user_audio(Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE))
         self.state = State.THINKING
 
+    async def truncate_heard(self, item: Item, audio_end_ms: int) -> None:
+        """``conversation.item.truncate``: the client, which plays the audio itself, says the user
+        heard the first ``audio_end_ms`` of the assistant item ``item`` (its response may be long
+        done). The history keeps the text of what was heard, and where the model keeps the
+        conversation's state, that state keeps the same answer tokens (a cut of the request that
+        answered, as a barge-in's), or is dropped where it cannot (see KeptModelState.cut)."""
+        text = item.transcript
+        tokens = self.conversation.truncate(item, audio_end_ms)
+        if item.transcript == text:
+            return  # the history says what it said: so may the kept state
+        request_id = self._model_state.cut(item.id, tokens)
+        if request_id is not None and tokens is not None:
+            await self.pipeline.abort(request_id, keep_answer_tokens=tokens)
+
     # --- responses ------------------------------------------------------------------------
 
     def start_response(self, turn_end_at: float | None = None, spec: ResponseSpec | None = None,
@@ -448,6 +462,8 @@ class Session:
         if response in self._beside:
             self._beside.discard(response)
             return
+        if response.conversation_id is not None and response.call is None:
+            self._model_state.answered(response.request_id, response.item.id)
         if self._response is response:
             self._response = None
         if self.state in (State.THINKING, State.SPEAKING):

@@ -69,16 +69,6 @@ class ConversationKeeping:
 
     # --- client API (through the coordinator) ---------------------------------------------
 
-    async def truncate(self, cid: str, keep_answer_tokens: int) -> None:
-        """Cut the conversation's last answer to ``keep_answer_tokens`` tokens (in flight or not)."""
-        busy = self.book.busy_request(cid)
-        if busy is not None:
-            await self._abort(busy, keep_answer_tokens)
-            return
-        last = self.book.last_request(cid)
-        if last is not None:
-            await self._cut(last, (cid, keep_answer_tokens))
-
     async def cut_ended(self, request_id: str, keep_answer_tokens: int) -> None:
         """A barge-in on a request that already ended: cut it if it made a kept state."""
         for cid in self.book.conversations_made_by(request_id):

@@ -310,3 +310,109 @@ async def test_kept_model_state_follows_the_conversation_and_is_cut_to_what_was_
     pipeline.end()
     await host.binding.end("test over")
     assert len(pipeline.closed_conversations) == 2  # the session's end frees the last one
+
+
+PIECES = ["", "Paris ", "is ", "the ", "capital ", "of ", "France, ", "a ", "city ", "of ",
+          "art ", "and ", "of ", "light ", "too."]
+
+
+async def _answered_on_the_client(pipeline: ScriptedPipeline, counted: bool = True) -> Host:
+    """A kept-state session whose client plays the audio (the Realtime WebSocket), after one turn
+    answered in full: one answer token a text chunk, three seconds of audio voicing 4, 9 and 15
+    tokens (where ``counted``: else the model does not say)."""
+    host = Host(pipeline, keep_model_state=True)
+    host.session.audio = ClientPlayout()
+    host.session.audio.listener = host.session
+    await ask(host, pipeline)
+    for piece in PIECES:
+        pipeline.push(text=piece, text_tokens=1 if counted else None)
+    for tokens in (4, 9, 15):
+        pipeline.push(audio=tone(1.0), sample_rate=RATE, answer_tokens=tokens if counted else None)
+    pipeline.end()
+    await host.until(lambda: "response.done" in host.types())
+    return host
+
+
+async def _client_truncates(host: Host, item_id: str, audio_end_ms: int) -> None:
+    """``conversation.item.truncate``, handled (its handler returned: the binding handles one
+    event at a time, so an event sent after it is handled once it is)."""
+    before = host.types().count("conversation.item.truncated")
+    host.binding.receive(json.dumps({"type": "conversation.item.truncate", "item_id": item_id,
+                                     "content_index": 0, "audio_end_ms": audio_end_ms}))
+    host.binding.receive(json.dumps({"type": "conversation.item.retrieve", "item_id": item_id}))
+    await host.until(lambda: host.types().count("conversation.item.truncated") > before
+                     and host.types()[-1] == "conversation.item.retrieved")
+    await asyncio.sleep(0)  # a conversation dropped is closed by a task of its own
+
+
+async def test_a_client_truncation_cuts_the_kept_state_to_the_tokens_its_text_keeps() -> None:
+    """The client plays the audio and says, after the answer is done, that the user heard 1.5 s
+    of it: the kept state is cut to the answer tokens voiced by then (the pipeline's cut of the
+    ended request), the history keeps their text, and the next turn continues the same
+    conversation over that history."""
+    pipeline = ScriptedPipeline()
+    host = await _answered_on_the_client(pipeline)
+    first = pipeline.requests[0]
+    answer = host.of("response.done")[0]["response"]["output"][0]["id"]
+    await _client_truncates(host, answer, 1500)
+    assert pipeline.aborted == [first.request_id] and pipeline.kept_on_abort == [9]
+    await ask(host, pipeline, "And of Spain?")
+    await host.until(lambda: len(pipeline.requests) == 2)
+    second = pipeline.requests[1]
+    assert second.params["conversation_id"] == first.params["conversation_id"]
+    assert second.inputs["messages"][-2] == {**second.inputs["messages"][-2], "role": "assistant",
+                                             "text": "".join(PIECES[:9])}
+    assert pipeline.closed_conversations == []
+    pipeline.push(text="Madrid.", text_tokens=1)
+    pipeline.end()
+    await host.until(lambda: host.types().count("response.done") == 2)
+    # The first answer is no longer the kept state's last: cut again, the state cannot follow it.
+    await _client_truncates(host, answer, 500)
+    assert pipeline.aborted == [first.request_id]
+    assert pipeline.closed_conversations == [first.params["conversation_id"]]
+    await host.binding.end("test over")
+
+
+async def test_a_client_truncation_the_kept_state_cannot_follow_drops_the_conversation() -> None:
+    """Where the model does not count answer tokens, the truncated text is no count of tokens to
+    keep: the conversation is dropped at once, and the next turn starts a new one (a full
+    prefill over the truncated history)."""
+    pipeline = ScriptedPipeline()
+    host = await _answered_on_the_client(pipeline, counted=False)
+    first = pipeline.requests[0].params["conversation_id"]
+    answer = host.of("response.done")[0]["response"]["output"][0]["id"]
+    await _client_truncates(host, answer, 1500)
+    assert pipeline.aborted == [] and pipeline.closed_conversations == [first]
+    await ask(host, pipeline, "And of Spain?")
+    await host.until(lambda: len(pipeline.requests) == 2)
+    second = pipeline.requests[1]
+    assert second.params["conversation_id"] != first
+    assert second.inputs["messages"][-2]["text"] == host.session.history.get(answer).transcript
+    pipeline.end()
+    await host.binding.end("test over")
+
+
+async def test_a_client_truncation_of_the_answer_in_flight_starts_the_next_turn_afresh() -> None:
+    """A truncation while its answer is still being generated: the request goes on (and will keep
+    its whole turn), so nothing can be cut now; the next turn starts a new conversation."""
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline, keep_model_state=True)
+    host.session.audio = ClientPlayout()
+    host.session.audio.listener = host.session
+    await ask(host, pipeline)
+    first = pipeline.requests[0].params["conversation_id"]
+    for piece in PIECES:
+        pipeline.push(text=piece, text_tokens=1)
+    for tokens in (4, 9, 15):
+        pipeline.push(audio=tone(1.0), sample_rate=RATE, answer_tokens=tokens)
+    await host.until(lambda: host.types().count("response.output_audio.delta") == 3)
+    await _client_truncates(host, host.session.response.item.id, 1500)
+    pipeline.end()
+    await host.until(lambda: "response.done" in host.types())
+    assert pipeline.aborted == [] and pipeline.closed_conversations == []
+    await ask(host, pipeline, "And of Spain?")
+    await host.until(lambda: len(pipeline.requests) == 2)
+    assert pipeline.requests[1].params["conversation_id"] != first
+    await host.until(lambda: pipeline.closed_conversations == [first])
+    pipeline.end()
+    await host.binding.end("test over")

@@ -6,12 +6,18 @@ that ``generate`` gives for a fresh request over the whole history, token for to
 ids are the kept ones (each earlier prompt, its answer as generated, ``<|im_end|>\\n``), which is
 what the chat template renders for that history. Also: after a barge-in cut, the session's history
 keeps the text of exactly the answer tokens kept, and the next turn equals a fresh request over that
-cut history; an abort leaves the state as before; through the coordinator, eviction and rebuild
-answer as keeping does, and closing frees everything (gauges back to 0).
+cut history; an abort leaves the state as before; a session's client truncation
+(``conversation.item.truncate`` after the answer was done) cuts the kept state through the
+coordinator so that the next turn equals ``generate`` over the truncated history; through the
+coordinator, eviction and rebuild answer as keeping does, and closing frees everything (gauges
+back to 0).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -19,11 +25,15 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
+from duplex.media.playout import ClientPlayout
+from duplex.session.client_events import ClientEvents
 from duplex.session.history import History, Item, voiced_tokens
+from duplex.session.session import Session
+from duplex.settings import SessionDefaults
 from harness.speech import speech
 from pipeline.models.qwen3_omni import thinker as thinker_module
 from pipeline.models.qwen3_omni.reference import ReferenceOutput, reference_generate
-from pipeline.proto import OmniRequest, StagePayload
+from pipeline.proto import OmniRequest, OutputChunk, StagePayload
 from pipeline.scheduling.base import BatchItem
 from pipeline.scheduling.conversation_book import ConversationBook
 from tests.models.cases import talker_cap, user
@@ -204,6 +214,73 @@ def test_barge_in_cut_then_abort_then_next_turn(staged: Staged, reference_model)
     assert fresh["input_ids"].tolist() == conv.prompt_ids()
     assert_same(second, conv.reference(reference_model))
     thinker.drop_conversation(conv.cid, None)
+
+
+class Recorded:
+    """The coordinator as a session's ModelPipeline, recording each request and its thinker tokens."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+        self.ready, self.output_sample_rate = True, coordinator.output_sample_rate
+        self.requests: list[OmniRequest] = []
+        self.tokens: dict[str, list[int]] = {}
+
+    async def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+        self.requests.append(request)
+        tokens = self.tokens[request.request_id] = []
+        async with contextlib.aclosing(self.coordinator.stream(request)) as chunks:
+            async for chunk in chunks:
+                tokens += chunk.data.get("token_ids", [])
+                yield chunk
+
+    async def abort(self, request_id: str, keep_answer_tokens: int | None = None) -> None:
+        await self.coordinator.abort(request_id, keep_answer_tokens)
+
+    async def close_conversation(self, conversation_id: str) -> None:
+        await self.coordinator.close_conversation(conversation_id)
+
+
+async def test_a_client_truncation_then_the_next_turn_equals_generate(staged: Staged, reference_model) -> None:
+    """A client that plays the audio itself truncates the answer after it was done: the session
+    cuts the kept state (through the coordinator) to the tokens whose text the history keeps, and
+    the next turn, from kept state, is what ``generate`` answers over the truncated history."""
+    class Sink:  # the session's transport: its events are not what this test is about
+        def send_event(self, message: dict[str, Any]) -> None:
+            pass
+
+    async def answered(session: Session, turn: int) -> None:
+        session.commit_user_audio(f"item_user{turn}", speech(TURNS[turn]))
+        session.start_response()
+        async with asyncio.timeout(60):
+            while session.response is not None:
+                await asyncio.sleep(0.01)
+
+    async with running(CONFIG, "inproc") as coordinator:
+        pipeline = Recorded(coordinator)
+        session = Session("sess_truncated", Sink(), ClientPlayout(), pipeline,
+                          SessionDefaults(keep_model_state=True), ["default"], "tiny")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(thinker_module, "pick_rows", printable_only)  # text that tokenizes back
+            await answered(session, 0)
+        first = pipeline.requests[0]
+        answer = session.history.items[-1]
+        heard_ms = answer.voiced[0][0] + 1  # in the second audio chunk
+        kept = voiced_tokens(answer, heard_ms)
+        assert kept is not None and 1 < kept < len(pipeline.tokens[first.request_id])
+        await ClientEvents(session).handle({"type": "conversation.item.truncate", "item_id": answer.id,
+                                            "content_index": 0, "audio_end_ms": heard_ms})
+        tokenizer = staged.runners["decode"].tokenizer
+        assert answer.transcript == tokenizer.decode(pipeline.tokens[first.request_id][:kept])
+        await answered(session, 1)
+        second = pipeline.requests[1]
+        cid = second.params["conversation_id"]
+        assert cid == first.params["conversation_id"] and coordinator.conversations.book._records[cid].resumed
+        fresh = BatchItem(StagePayload("fresh", {"messages": second.inputs["messages"]}), True)
+        prepared = staged.runners["preprocessing"].run([fresh])[0]
+        ref = reference_generate(reference_model, prepared, CONFIG.stage("thinker").max_new_tokens,
+                                 talker_cap(CONFIG))
+        assert pipeline.tokens[second.request_id] == ref.tokens
+        await session.close()
 
 
 def test_talker_chunks_say_what_they_voiced(staged: Staged) -> None:
