@@ -7,8 +7,13 @@ from dataclasses import dataclass, field
 from duplex.rate_limit import PerClient
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, ServerSettings
+from duplex.transports.binding import EVENT_BURST, EVENT_RATE
 from duplex.transports.webrtc.ice import IcePolicy
 from pipeline.coordinator import Coordinator
+
+# Three connections' worth of the per-connection event limit.
+CLIENT_EVENT_RATE = 3 * EVENT_RATE
+CLIENT_EVENT_BURST = 3 * EVENT_BURST
 
 
 @dataclass
@@ -22,6 +27,11 @@ class AppState:
     # and comes straight back gets a fresh event budget each time; this bounds how often. 20 at
     # once (more than max_sessions allows anyway), then 2 a second.
     new_sessions: PerClient = field(default_factory=lambda: PerClient(rate=2.0, burst=20))
+    # Client events per address, over all its Realtime WebSocket sessions, beside each connection's
+    # own limit (``transports/binding.py``): a client that floods, is closed and reconnects does
+    # not start again with a full budget.
+    client_events: PerClient = field(default_factory=lambda: PerClient(
+        rate=CLIENT_EVENT_RATE, burst=CLIENT_EVENT_BURST))
 
     @property
     def settings(self) -> ServerSettings:

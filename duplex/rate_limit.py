@@ -32,11 +32,17 @@ class TokenBucket:
         self.tokens -= amount
         return True
 
+    def penalize(self, seconds: float) -> None:
+        """Empty the bucket and hold it empty for ``seconds`` more (what it refills in that time
+        is owed first)."""
+        self.take(0.0)
+        self.tokens = min(self.tokens, 0.0) - seconds * self.rate
+
 
 class PerClient:
-    """A :class:`TokenBucket` per client address, for what each client may start (new Realtime
-    WebSocket sessions): the least recently seen addresses are forgotten past ``max_clients``.
-    One per server, for its whole life."""
+    """A :class:`TokenBucket` per client address, for what each client may do across its
+    connections (start new Realtime WebSocket sessions, send their events): the least recently
+    seen addresses are forgotten past ``max_clients``. One per server, for its whole life."""
 
     def __init__(self, rate: float, burst: float, max_clients: int = 4096) -> None:
         self._rate = rate
@@ -45,8 +51,12 @@ class PerClient:
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
 
     def take(self, address: str) -> bool:
+        return self.bucket(address).take()
+
+    def bucket(self, address: str) -> TokenBucket:
+        """The address's bucket (shared by everything the address does that this one limits)."""
         bucket = self._buckets.pop(address, None) or TokenBucket(self._rate, self._burst)
         self._buckets[address] = bucket
         while len(self._buckets) > self._max_clients:
             self._buckets.popitem(last=False)
-        return bucket.take()
+        return bucket

@@ -13,10 +13,12 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from duplex.api import routers
 from duplex.api.errors import HANDLERS
@@ -35,6 +37,25 @@ log = logging.getLogger(__name__)
 
 WEB_CLIENT = Path(__file__).parent / "web_client"  # the repository's web_client/, linked (package data)
 WS_MAX_BYTES = 16 * 1024 * 1024
+# How long a WebSocket that broke a rule (closed with 1008: flooding, garbage, a wrong key) has to
+# answer our close frame. Until then uvicorn reads and parses (and throws away) whatever the client
+# sends, 10 s by its own timeout, which let a client closed for flooding that never reads keep the
+# server parsing its garbage at full speed for 10 s after the close. A client that reads answers
+# within a round trip; cutting it off at once instead would lose it the close frame (the socket
+# closed on unread data resets), so that it saw 1006 rather than 1008 and the reason.
+POLICY_CLOSE_TIMEOUT_S = 1.0
+CLOSE_POLICY_VIOLATION = 1008
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's own WebSocket protocol (``websockets-sansio``, the one ``auto`` picks), which waits
+    at most :data:`POLICY_CLOSE_TIMEOUT_S` for the answer to a close that is the client's fault
+    (uvicorn has no setting for it; ``tests/api/test_event_flood.py`` checks it still works)."""
+
+    async def send(self, message: Any) -> None:
+        if message.get("type") == "websocket.close" and message.get("code") == CLOSE_POLICY_VIOLATION:
+            self.close_timeout = POLICY_CLOSE_TIMEOUT_S
+        await super().send(message)
 
 
 async def _load_pipeline(state: AppState) -> None:
@@ -112,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         port=settings.port,
         ssl_certfile=settings.ssl_certfile,
         ssl_keyfile=settings.ssl_keyfile,
+        ws=WebSocketProtocol,
         ws_max_size=WS_MAX_BYTES,
         log_config=None,
     )

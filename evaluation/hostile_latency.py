@@ -60,11 +60,16 @@ HUGE_APPEND_BYTES = 10 * 1024 * 1024
 OFFER_CANDIDATES = 2000
 
 
+# The attacker is another client than the victim: limits per client address must not count the
+# victim's session against the attacker's (on loopback, 127.0.0.0/8 is all this machine's).
+ATTACKER_ADDRESS = "127.0.0.2"
+
+
 async def _reconnecting(url: str, attack: Callable[[Any], Awaitable[None]]) -> None:
     """Run ``attack(ws)`` on a fresh connection each time the server ends the last one."""
     while True:
         try:
-            async with connect(url, max_size=None) as ws:
+            async with connect(url, max_size=None, local_addr=(ATTACKER_ADDRESS, 0)) as ws:
                 await attack(ws)
         except (ConnectionClosed, InvalidStatus, OSError):
             await asyncio.sleep(0.05)  # the server refused or closed us: back after a breath
@@ -106,7 +111,7 @@ async def _spin() -> None:
         sum(range(100_000))  # CPU only, nothing awaited: the loop never yields
 
 
-def _attacker(kind: str, base: str) -> None:
+def attacker_process(kind: str, base: str) -> None:
     """The attacker process's body: one attack until the process is terminated."""
     url = base.replace("http", "ws", 1) + "/v1/realtime?model=gpt-realtime"
     attacks: dict[str, Callable[[], Awaitable[None]]] = {
@@ -128,7 +133,7 @@ async def _probe_health(base: str, times: list[float], stop: asyncio.Event) -> N
             await asyncio.sleep(HEALTH_EVERY_S)  # the probing rate, not a wait for anything
 
 
-async def _victim_turns(server: ServerProcess, turns: int) -> list[float]:
+async def victim_turns(server: ServerProcess, turns: int) -> list[float]:
     """Seconds from the last append of each question to its answer's first audio delta."""
     question = utterance(QUESTION)
     latencies = []
@@ -147,7 +152,7 @@ async def measure(server: ServerProcess, attack: str | None, turns: int) -> dict
     attacker = None
     if attack is not None:
         attacker = multiprocessing.get_context("spawn").Process(
-            target=_attacker, args=(attack, server.url), daemon=True)
+            target=attacker_process, args=(attack, server.url), daemon=True)
         attacker.start()
     health: list[float] = []
     stop = asyncio.Event()
@@ -155,7 +160,7 @@ async def measure(server: ServerProcess, attack: str | None, turns: int) -> dict
     try:
         if attacker is not None:
             await asyncio.sleep(2.0)  # let the attack reach its stride before the victim speaks
-        latencies = await _victim_turns(server, turns)
+        latencies = await victim_turns(server, turns)
     finally:
         stop.set()
         await prober
@@ -170,7 +175,7 @@ async def run(turns: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         preset = write_preset(Path(tmp) / "preset.yaml", stages={"thinker": {"options": {"answer_tokens": 12}}})
         with run_server(preset, tmp=Path(tmp)) as server:
-            await _victim_turns(server, 2)  # warm-up
+            await victim_turns(server, 2)  # warm-up
             scenarios: dict[str, Any] = {}
             for attack in (None, "cpu hog", "event flood", "huge appends", "deaf client", "big offers"):
                 name = attack or "idle"

@@ -1,12 +1,16 @@
 """``GET /v1/realtime``: the OpenAI Realtime protocol over a WebSocket (CONTRACT.md).
 
-The handshake is always accepted (answering the ``realtime`` subprotocol when the client offered
-OpenAI's) so that a refusal can carry a close code the client sees, before any event:
+A client address opening new sessions faster than ``AppState.new_sessions`` allows (20 at once,
+then 2 a second, and none for ``PENALTY_S`` after one of its sessions was closed for breaking a
+rule) is refused in the handshake: HTTP 429 with ``Retry-After: 1``, so that a client that
+reconnects in a loop (as a flooder closed with 1008 does) costs the server one HTTP request each
+time, and never gets to send a frame. Otherwise the handshake is accepted (answering the
+``realtime`` subprotocol when the client offered OpenAI's) so that a refusal can carry a close code
+the client sees, before any event:
 
 - a missing or wrong API key → close 1008;
-- the pipeline still loading, the server at ``max_sessions``, or a client address opening new
-  sessions faster than ``AppState.new_sessions`` allows (20 at once, then 2 a second) → an
-  ``error`` event, then close 1013 (try again later).
+- the pipeline still loading, or the server at ``max_sessions`` → an ``error`` event, then close
+  1013 (try again later).
 
 Otherwise the connection becomes a WebSocketConnection until the client leaves. The ``model`` query
 parameter (OpenAI's SDKs always send one) is accepted whatever it names and echoed as
@@ -20,6 +24,7 @@ import json
 import logging
 
 from fastapi import APIRouter, WebSocket
+from fastapi.responses import PlainTextResponse
 
 from duplex.api.auth import websocket_key_ok, websocket_secret, websocket_subprotocol
 from duplex.api.ephemeral_keys import apply_secret_session
@@ -33,6 +38,9 @@ router = APIRouter()
 
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TRY_AGAIN_LATER = 1013
+TOO_MANY_REQUESTS = 429
+# A client address whose session was closed for breaking a rule gets no new one for this long.
+PENALTY_S = 5.0
 
 
 async def _refuse(websocket: WebSocket, message: str, code: str) -> None:
@@ -43,6 +51,13 @@ async def _refuse(websocket: WebSocket, message: str, code: str) -> None:
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     state: AppState = websocket.app.state.duplex
+    address = websocket.client.host if websocket.client is not None else "unknown"
+    if not state.new_sessions.take(address):
+        log.warning("realtime websocket refused: too many new sessions from %s", address)
+        await websocket.send_denial_response(PlainTextResponse(
+            "too many new sessions from this address: try again in a second",
+            status_code=TOO_MANY_REQUESTS, headers={"Retry-After": "1"}))
+        return
     await websocket.accept(subprotocol=websocket_subprotocol(websocket))
     if not websocket_key_ok(websocket, state.settings.api_key):
         log.info("realtime websocket refused: missing or invalid API key")
@@ -52,14 +67,9 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     if pipeline is None:
         await _refuse(websocket, "the model pipeline is not ready", "pipeline_unavailable")
         return
-    address = websocket.client.host if websocket.client is not None else "unknown"
-    if not state.new_sessions.take(address):
-        log.warning("realtime websocket refused: too many new sessions from %s", address)
-        await _refuse(websocket, "too many new sessions from this address: try again in a second",
-                      "rate_limited")
-        return
     connection = WebSocketConnection(websocket, state.settings, pipeline, state.registry,
-                                  model or state.settings.preset)
+                                     model or state.settings.preset,
+                                     state.client_events.bucket(address))
     secret = websocket_secret(websocket)
     if secret is not None and secret.session is not None:
         apply_secret_session(connection.session, secret.session)
@@ -69,3 +79,6 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
         await _refuse(websocket, str(err), "too_many_sessions")
         return
     await connection.run()
+    if connection.closing is not None and connection.closing.clients_fault:
+        # Closed for breaking a rule (flooding, garbage): no new session for a while.
+        state.new_sessions.bucket(address).penalize(PENALTY_S)

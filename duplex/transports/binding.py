@@ -73,7 +73,8 @@ class SessionBinding:
 
     def __init__(self, session: Session, registry: SessionRegistry,
                  close_transport: Callable[[Closing], Awaitable[None]],
-                 inbound_timeout_s: float | None = None) -> None:
+                 inbound_timeout_s: float | None = None,
+                 shared_budget: TokenBucket | None = None) -> None:
         self.session = session
         self.events = ClientEvents(session)
         self._registry = registry
@@ -83,6 +84,8 @@ class SessionBinding:
         self._queue: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=MAX_QUEUED_EVENTS)
         self._tasks: list[asyncio.Task[None]] = []
         self._bucket = TokenBucket(EVENT_RATE, EVENT_BURST)
+        # The client's budget over all its connections, where the transport knows the client.
+        self._shared = shared_budget
         self._refused = 0  # events refused by the rate limit since the client was last forgiven
         self._malformed = 0  # malformed messages since the last event of the protocol
         self._closing: asyncio.Task[None] | None = None
@@ -157,7 +160,7 @@ class SessionBinding:
         """Whether one more client message may be handled now (see :data:`EVENT_RATE`). When not,
         the client gets a ``rate_limited`` error, or, past :data:`MAX_RATE_ERRORS` of them, the
         connection is closed as :data:`FLOODING`."""
-        if self._bucket.take():
+        if self._bucket.take() and (self._shared is None or self._shared.take()):
             if self._refused and self._bucket.tokens >= EVENT_BURST / 2:
                 self._refused = 0
             return True

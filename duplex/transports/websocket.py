@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.media.playout import ClientPlayout
 from duplex.protocol.events import new_id
+from duplex.rate_limit import TokenBucket
 from duplex.registry import SessionRegistry
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
@@ -44,7 +45,8 @@ class WebSocketConnection:
     kind = "websocket"
 
     def __init__(self, websocket: WebSocket, settings: ServerSettings, pipeline: ModelPipeline,
-                 registry: SessionRegistry, model_name: str) -> None:
+                 registry: SessionRegistry, model_name: str,
+                 client_budget: TokenBucket | None = None) -> None:
         self.id = new_id("sess")
         self.websocket = websocket
         # Events, then a Closing queued after those that must go out first (the writer then closes).
@@ -52,9 +54,12 @@ class WebSocketConnection:
         self._unsent = 0  # bytes of the events in the outbox
         self.session = Session(self.id, self, ClientPlayout(), pipeline, settings.session,
                                settings.voices, model_name)
-        self.binding = SessionBinding(self.session, registry, self._close)
+        # client_budget: the client address's events over all its connections (AppState).
+        self.binding = SessionBinding(self.session, registry, self._close,
+                                      shared_budget=client_budget)
         self._task: asyncio.Task[Any] | None = None
         self._deaf = False  # the client stopped reading: the connection is being ended
+        self.closing: Closing | None = None  # why the server ended the connection, if it did
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
 
     def admit(self) -> None:
@@ -77,6 +82,7 @@ class WebSocketConnection:
     async def _close(self, closing: Closing) -> None:
         """End the connection from the server (shutdown, flood): close frame after the events
         already queued, then wait for ``run``."""
+        self.closing = self.closing or closing
         self._outbox.put_nowait(closing)
         await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
