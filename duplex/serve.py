@@ -22,6 +22,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from duplex.api import routers
 from duplex.api.errors import HANDLERS
+from duplex.api.realtime_ws import CLOSE_POLICY_VIOLATION
 from duplex.app_state import AppState
 from duplex.logs import setup_logging
 from duplex.origin_guard import OriginGuard
@@ -44,7 +45,6 @@ WS_MAX_BYTES = 16 * 1024 * 1024
 # within a round trip; cutting it off at once instead would lose it the close frame (the socket
 # closed on unread data resets), so that it saw 1006 rather than 1008 and the reason.
 POLICY_CLOSE_TIMEOUT_S = 1.0
-CLOSE_POLICY_VIOLATION = 1008
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):

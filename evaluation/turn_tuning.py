@@ -7,11 +7,11 @@ quickest answers that cut no turn; and a check of that search on held-out halves
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
 
+from duplex.turns.end_of_turn import logit
 from duplex.turns.semantic_policy import MAX_WAIT_MS, MIN_SILENCE_MS, Eagerness, Patience
 from duplex.turns.transcript_cue import Words
 from evaluation.turn_replay import STEP_MS, TextWeights, Weights, replay
@@ -24,7 +24,7 @@ def fit_weights(traces: list[Trace], w_model: float) -> Weights:
     """Logistic regression of "finished" on the pitch fall (plus ``w_model`` times smart-turn's
     logit as a fixed offset), over every pause the model was asked about."""
     rows = [(p.cues, not p.inside) for t in traces for p in t.pauses if p.cues]
-    offset = np.array([w_model * _logit(c.smart_turn) for c, _ in rows])
+    offset = np.array([w_model * logit(c.smart_turn) for c, _ in rows])
     x = np.column_stack([[c.pitch_fall or 0.0 for c, _ in rows], np.ones(len(rows))])
     w = _logistic(x, np.array([float(finished) for _, finished in rows]), offset)
     return (w_model, round(float(w[0]), 2), round(float(w[1]), 2))
@@ -36,8 +36,8 @@ def fit_text_weights(traces: list[Trace], weights: Weights) -> TextWeights:
     (words judged that read as finished: ``semantic_policy.probability_with_words``)."""
     rows = [(p.cues, p.finished_text, not p.inside) for t in traces for p in t.pauses
             if p.cues and p.finished_text is not None and p.words is Words.COMPLETE]
-    offset = np.array([_logit(c.probability(*weights)) for c, _, _ in rows])
-    x = np.column_stack([[_logit(text) for _, text, _ in rows], np.ones(len(rows))])
+    offset = np.array([logit(c.probability(*weights)) for c, _, _ in rows])
+    x = np.column_stack([[logit(text) for _, text, _ in rows], np.ones(len(rows))])
     w = _logistic(x, np.array([float(finished) for _, _, finished in rows]), offset)
     return (round(float(w[0]), 2), round(float(w[1]), 2))
 
@@ -52,11 +52,6 @@ def _logistic(x: np.ndarray, y: np.ndarray, offset: np.ndarray) -> np.ndarray:
         hessian = x.T @ (x * (p * (1 - p))[:, None]) + 0.1 * np.diag([1, 0])
         w -= np.linalg.solve(hessian, gradient)
     return w
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-3), 1 - 1e-3)  # as Cues.probability clips it
-    return math.log(p / (1 - p))
 
 
 def auc(traces: list[Trace], score: Callable[[Pause], float]) -> float:

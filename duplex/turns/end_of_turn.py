@@ -83,7 +83,7 @@ class Cues:
         self, w_model: float = W_MODEL, w_fall: float = W_FALL, bias: float = BIAS
     ) -> float:
         """The combined P(finished) (module doc); the weights are parameters for tuning."""
-        z = w_model * _logit(self.smart_turn) + w_fall * (self.pitch_fall or 0.0) + bias
+        z = w_model * logit(self.smart_turn) + w_fall * (self.pitch_fall or 0.0) + bias
         return _sigmoid(z)
 
 
@@ -94,10 +94,11 @@ def with_text(
     term, module doc); ``p_audio`` alone while it is not. The weights are parameters for tuning."""
     if finished_text is None:
         return p_audio
-    return _sigmoid(_logit(p_audio) + w_text * _logit(finished_text) + bias)
+    return _sigmoid(logit(p_audio) + w_text * logit(finished_text) + bias)
 
 
-def _logit(p: float) -> float:
+def logit(p: float) -> float:
+    """log(p / (1 - p)), ``p`` clipped to [_CLIP, 1 - _CLIP] as every cue is (the tuning too)."""
     p = min(max(p, _CLIP), 1 - _CLIP)
     return math.log(p / (1 - p))
 

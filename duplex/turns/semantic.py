@@ -4,8 +4,9 @@ loop) whether the user has finished, and decide window by window whether to end 
 A :class:`SemanticTurnJudge` belongs to one session and holds one pause at a time: where it began,
 the model's answer (None until it is back), the task computing it, and what the words of the
 turn so far say, once a recogniser has heard them (:meth:`hear`): how they read, and the
-pipeline's probability that they are finished, which joins the model's (``probability_with_words``). Speech that resumes ends the
-pause: its answers, if still on their way, are dropped. The model runs on a thread pool shared by
+pipeline's probability that they are finished, which joins the model's
+(``probability_with_words``). Speech that resumes ends the pause: its answers, if still on their
+way, are dropped. The model runs on a thread pool shared by
 every session of the process (``JUDGE_THREADS``); each call is one thread of onnxruntime and numpy.
 """
 
