@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,36 +30,20 @@ from evaluation.bench_common import (
     save_figure,
     save_results,
 )
-from evaluation.hostile_latency import attacker_process, victim_turns
-from harness.server import run_server, write_preset
+from evaluation.hostile_latency import toy_server, under_attack, victim_turns
+from evaluation.proc_cpu import process_seconds
 
 NAME = "flood_cost"
 TURNS = 10
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def one_round() -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        preset = write_preset(Path(tmp) / "preset.yaml",
-                              stages={"thinker": {"options": {"answer_tokens": 12}}})
-        with run_server(preset, tmp=Path(tmp)) as server:
-            asyncio.run(victim_turns(server, 2))  # warm-up
-            flood = multiprocessing.get_context("spawn").Process(
-                target=attacker_process, args=("event flood", server.url), daemon=True)
-            flood.start()
-            try:
-                time.sleep(2.0)  # the flood reaches its stride
-                cpu, began = _cpu_seconds(server.process.pid), time.monotonic()
-                latencies = asyncio.run(victim_turns(server, TURNS))
-                cpu = (_cpu_seconds(server.process.pid) - cpu) / (time.monotonic() - began)
-            finally:
-                flood.terminate()
-                flood.join()
+async def one_round() -> dict[str, float]:
+    with toy_server() as server:
+        await victim_turns(server, 2)  # warm-up
+        async with under_attack(server, "event flood"):
+            cpu, began = process_seconds(server.process.pid), time.monotonic()
+            latencies = await victim_turns(server, TURNS)
+            cpu = (process_seconds(server.process.pid) - cpu) / (time.monotonic() - began)
     return {"server_cpu_percent": round(100 * cpu, 1),
             "victim_p50_ms": round(1000 * statistics.median(latencies), 1)}
 
@@ -91,7 +72,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     run_in_loopback_namespace("evaluation.flood_cost")
-    rounds = [one_round() for _ in range(args.rounds)]
+    rounds = [asyncio.run(one_round()) for _ in range(args.rounds)]
     summary: dict[str, Any] = {
         key: statistics.median(r[key] for r in rounds) for key in ("server_cpu_percent", "victim_p50_ms")}
     print(format_table(["round", "server main process CPU %", "victim turn p50 ms"],

@@ -26,12 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
 import multiprocessing
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,39 +149,55 @@ async def victim_turns(server: ServerProcess, turns: int) -> list[float]:
     return latencies
 
 
+@contextlib.contextmanager
+def toy_server() -> Iterator[ServerProcess]:
+    """The server the victim talks to: the toy preset, answers of 12 tokens."""
+    with tempfile.TemporaryDirectory() as tmp:
+        preset = write_preset(Path(tmp) / "preset.yaml", stages={"thinker": {"options": {"answer_tokens": 12}}})
+        with run_server(preset, tmp=Path(tmp)) as server:
+            yield server
+
+
+@contextlib.asynccontextmanager
+async def under_attack(server: ServerProcess, attack: str | None) -> AsyncIterator[None]:
+    """``attack`` on ``server`` from a process of its own (None: no attack), from when it has
+    reached its stride (2 s) until the block ends."""
+    if attack is None:
+        yield
+        return
+    attacker = multiprocessing.get_context("spawn").Process(
+        target=attacker_process, args=(attack, server.url), daemon=True)
+    attacker.start()
+    try:
+        await asyncio.sleep(2.0)  # let the attack reach its stride before the victim speaks
+        yield
+    finally:
+        attacker.terminate()
+        attacker.join()
+
+
 async def measure(server: ServerProcess, attack: str | None, turns: int) -> dict[str, Any]:
-    attacker = None
-    if attack is not None:
-        attacker = multiprocessing.get_context("spawn").Process(
-            target=attacker_process, args=(attack, server.url), daemon=True)
-        attacker.start()
     health: list[float] = []
     stop = asyncio.Event()
     prober = asyncio.get_running_loop().create_task(_probe_health(server.url, health, stop))
     try:
-        if attacker is not None:
-            await asyncio.sleep(2.0)  # let the attack reach its stride before the victim speaks
-        latencies = await victim_turns(server, turns)
+        async with under_attack(server, attack):
+            latencies = await victim_turns(server, turns)
     finally:
         stop.set()
         await prober
-        if attacker is not None:
-            attacker.terminate()
-            attacker.join()
     return {"turn_ms": summarize(latencies), "turn_p90_ms": round(float(np.percentile(latencies, 90)) * 1000, 1),
             "healthz_ms": summarize(health), "server_alive": server.process.poll() is None}
 
 
 async def run(turns: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        preset = write_preset(Path(tmp) / "preset.yaml", stages={"thinker": {"options": {"answer_tokens": 12}}})
-        with run_server(preset, tmp=Path(tmp)) as server:
-            await victim_turns(server, 2)  # warm-up
-            scenarios: dict[str, Any] = {}
-            for attack in (None, "cpu hog", "event flood", "huge appends", "deaf client", "big offers"):
-                name = attack or "idle"
-                scenarios[name] = await measure(server, attack, turns)
-                print(name, scenarios[name], flush=True)
+    with toy_server() as server:
+        await victim_turns(server, 2)  # warm-up
+        scenarios: dict[str, Any] = {}
+        for attack in (None, "cpu hog", "event flood", "huge appends", "deaf client", "big offers"):
+            name = attack or "idle"
+            scenarios[name] = await measure(server, attack, turns)
+            print(name, scenarios[name], flush=True)
     idle, hog = scenarios["idle"]["turn_ms"]["p50"], scenarios["cpu hog"]["turn_ms"]["p50"]
     for result in scenarios.values():
         result["ratio_to_idle"] = round(result["turn_ms"]["p50"] / idle, 2)
