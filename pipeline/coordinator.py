@@ -162,6 +162,9 @@ class Coordinator(CoordinatorFaults):
         rid = request.request_id
         if self._broken is not None:
             raise self._broken
+        await self.conversations.prepare(request)
+        if self._broken is not None:
+            raise self._broken
         # An id whose abort is still being acknowledged counts as used: its Submit could reach a
         # stage after the Abort, be dropped as late data, and the stream would wait forever.
         if rid in self._flights or rid in self._ended or rid in self._aborts:
@@ -357,9 +360,9 @@ class Coordinator(CoordinatorFaults):
                 self._on_ack(rid, source)
             case StageStats():
                 self._on_stats(message)
-            case Ready(source=source, keeps_conversations=keeps):
+            case Ready(source=source, keeps_conversations=keeps, caches_conversations=caches):
                 self._ready_stages.add(source)
-                self.conversations.on_ready(source, keeps)
+                self.conversations.on_ready(source, keeps, caches)
                 if source in self._crashed:
                     self._on_recovered(source)
                 if self._ready_stages >= set(self._stages):

@@ -218,10 +218,12 @@ class StageStats:
 @dataclass
 class Ready:
     """A stage has loaded its model and serves; ``keeps_conversations``: it can keep
-    per-conversation state between requests (its scheduler has the capability)."""
+    per-conversation state between requests (its scheduler has the capability);
+    ``caches_conversations``: it caches per-conversation work that it frees with the conversation."""
 
     source: str
     keeps_conversations: bool = False
+    caches_conversations: bool = False
 
 
 @dataclass

@@ -101,6 +101,7 @@ class Stage:
         self._scheduler = scheduler
         self._keeper = conversation_keeper(scheduler)
         self._keeps = self._keeper is not None and self._keeper.keeps_conversations
+        self._caches = self._keeper is not None and self._keeper.caches_conversations
         self._endpoint = endpoint
         self._merge = merge
         self._active: dict[str, _Request] = {}
@@ -127,7 +128,7 @@ class Stage:
         )
         worker.start()
         stats = asyncio.create_task(self._report_stats())
-        self._report(Ready(self.name, self._keeps))
+        self._report(Ready(self.name, self._keeps, self._caches))
         self._serving = asyncio.create_task(self._serve_messages(), name=f"stage-{self.name}-loop")
         try:
             await self._serving

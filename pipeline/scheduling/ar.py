@@ -11,6 +11,8 @@ With a ``ConversationRunner`` the scheduler also keeps per-conversation state be
 (``KeptConversations``): a request of a conversation starts from its kept state, and its end puts
 state back (the whole turn when it finished, what came before it when it failed or was aborted,
 the turn cut to what was heard when an abort says so). Kept state is not counted as live requests.
+With a ``ConversationCache`` runner, the scheduler only frees the runner's cache of a conversation
+with it and counts it with kept state.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pipeline.proto import StagePayload
 from pipeline.scheduling.base import (
     ARRunner,
     ARSlot,
+    ConversationCache,
     ConversationRunner,
     RequestError,
     RequestFailure,
@@ -49,6 +52,8 @@ class ARScheduler:
         self._slots: dict[str, ARSlot] = {}
         self._kept = KeptConversations(runner) if isinstance(runner, ConversationRunner) else None
         self.keeps_conversations = self._kept is not None
+        self._cache = runner if isinstance(runner, ConversationCache) else None
+        self.caches_conversations = self._cache is not None
 
     def _slot(self, payload: StagePayload) -> ARSlot:
         slot = self._slots.get(payload.request_id)
@@ -94,9 +99,14 @@ class ARScheduler:
     def drop_conversation(self, conversation_id: str, request_id: str | None) -> None:
         if self._kept is not None:
             self._kept.drop(conversation_id, request_id)
+        if self._cache is not None:
+            self._cache.drop_cached(conversation_id)
 
     def conversation_sizes(self) -> dict[str, int]:
-        return {} if self._kept is None else self._kept.sizes()
+        sizes = {} if self._kept is None else self._kept.sizes()
+        for cid, nbytes in ({} if self._cache is None else self._cache.cached_conversations()).items():
+            sizes[cid] = sizes.get(cid, 0) + nbytes
+        return sizes
 
     def _release(
         self, request_id: str, keep_answer_tokens: int | None = None, finished: bool = False

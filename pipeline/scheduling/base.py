@@ -95,6 +95,10 @@ class ConversationScheduler(Protocol):
     keeps_conversations: bool
     """Whether this scheduler keeps per-conversation state (requests that name a conversation)."""
 
+    caches_conversations: bool
+    """Whether its runner caches per-conversation work it can always redo (``ConversationCache``):
+    nothing depends on it, and it is dropped with the conversation."""
+
     def abort_conversation(
         self, request_id: str, conversation_id: str, keep_answer_tokens: int | None
     ) -> str | None:
@@ -222,10 +226,25 @@ class ConversationRunner(Protocol):
         """Free ``kept``."""
 
 
+@runtime_checkable
+class ConversationCache(Protocol):
+    """An ARRunner that caches per-conversation work between requests which it can always redo
+    (the talker's KV of earlier user turns). Unlike a ConversationRunner's state, no request needs
+    it to be there, so it has no say in what a conversation holds; it is freed with the
+    conversation (``drop_cached``) and counted with kept state."""
+
+    def cached_conversations(self) -> dict[str, int]:
+        """Bytes cached per conversation."""
+
+    def drop_cached(self, conversation_id: str) -> None:
+        """Free what is cached for a conversation (idempotent)."""
+
+
 class NoConversations:
     """The conversation methods of a scheduler that keeps none (``simple``, ``vocoder``)."""
 
     keeps_conversations = False
+    caches_conversations = False
 
     def abort_conversation(
         self, request_id: str, conversation_id: str, keep_answer_tokens: int | None

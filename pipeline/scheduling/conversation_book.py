@@ -15,6 +15,15 @@ pipeline's one input shape):
 - a session that edits what came before (new instructions, a deleted or inserted item) calls
   ``Coordinator.close_conversation`` or takes a new conversation id: the book cannot see edits.
 
+Prefill while the user speaks: a request with ``params["prefill_until_s"] = S`` (whole seconds)
+is a partial turn: its last message is a user turn still being spoken, whose audio so far is
+given; the stages prefill its first S seconds into the kept state and answer nothing. The state
+then ends inside that message (an "open" turn). Every later request of the conversation says how
+much of its last message's audio it believes the state holds (``params["conversation_open_s"]``,
+absent: none): the same S continues the open turn (the next piece, or the answer: only the audio
+after S is new), anything else abandons it (a turn the VAD dropped), and the open turn is undone
+first (``open_to_undo``, then ``undo_open``), back to the state before that turn began.
+
 Who owns what: the coordinator owns this book (its event loop only). A record lives from a
 conversation's first request until ``close`` (the session closed) or a stage crash; the state it
 describes lives in the stages that keep conversations (``conversations.py``) and is dropped when
@@ -37,6 +46,15 @@ SESSION_PARAM = "conversation_id"
 
 SESSION_KEPT_PARAM = "conversation_kept_messages"
 """Optional request param: how many leading messages the session believes the kept state covers."""
+
+PARTIAL_PARAM = "prefill_until_s"
+"""Request param of a partial turn: prefill the last message's first N seconds of audio, answer nothing."""
+
+PARTIAL_MARGIN_MS = 50
+"""Audio a partial turn carries past its N seconds (a model may read that far to compute them)."""
+
+OPEN_PARAM = "conversation_open_s"
+"""Request param: seconds of the last message's audio the session believes the kept state holds."""
 
 OPTIONS_KEY = "conversation_state"
 """Stage option with the budget of a stage that keeps conversations."""
@@ -69,6 +87,12 @@ class _Record:
     """Whether ``busy`` continues kept state (else it started afresh)."""
     messages: int = 0
     """How many messages ``busy`` carried."""
+    until: int = 0
+    """``busy``'s ``prefill_until_s`` (0: it answers)."""
+    open_s: int = 0
+    """Seconds of audio of message ``covers`` (the open turn) the kept state holds (0: none)."""
+    under_open: bool = False
+    """Whether the stages keep a state from before the open turn (else undoing it leaves nothing)."""
     last_used: int = 0
 
 
@@ -90,8 +114,12 @@ class ConversationBook:
             return request
         resume = record.kept and self._continues(record, messages, request.params)
         inputs = {**request.inputs, "messages": messages[record.covers:]} if resume else request.inputs
-        params = {**request.params, CONVERSATION_PARAM: {"id": cid, "resume": resume}}
+        ref: dict[str, Any] = {"id": cid, "resume": resume}
+        if resume and record.open_s:
+            ref["covered_s"] = record.open_s
+        params = {**request.params, CONVERSATION_PARAM: ref}
         record.busy, record.resumed, record.messages = request.request_id, resume, len(messages)
+        record.until = partial_until(request.params)
         self._by_request[request.request_id] = cid
         return OmniRequest(request.request_id, inputs, params)
 
@@ -100,10 +128,28 @@ class ConversationBook:
         claimed = params.get(SESSION_KEPT_PARAM)
         if claimed is not None and claimed != record.covers:
             return False
-        if len(messages) <= record.covers:
+        if params.get(OPEN_PARAM, 0) != record.open_s or len(messages) <= record.covers:
             return False
+        if record.open_s:
+            until = partial_until(params)
+            turn = messages[record.covers]
+            return (isinstance(turn, dict) and turn.get("role") == "user" and turn.get("audio") is not None
+                    and (not until or until > record.open_s))
         answer = messages[record.covers - 1]
         return isinstance(answer, dict) and answer.get("role") == "assistant"
+
+    def open_to_undo(self, request: OmniRequest) -> str | None:
+        """The request that made the open turn ``request`` abandons (it claims another share of
+        it, or none): the stages must undo that turn (an Abort of it that keeps no answer) before
+        ``request`` begins, and ``undo_open`` then says so here."""
+        record = self._records.get(str(request.params.get(SESSION_PARAM)))
+        if record is None or record.busy is not None or not record.kept or not record.open_s:
+            return None
+        return None if request.params.get(OPEN_PARAM, 0) == record.open_s else record.last_request
+
+    def undo_open(self, cid: str) -> None:
+        record = self._records[cid]
+        record.kept, record.open_s, record.under_open = record.under_open, 0, False
 
     def conversation_of(self, request_id: str) -> str | None:
         """The conversation of a request in flight that keeps state."""
@@ -122,12 +168,19 @@ class ConversationBook:
             return False
         record.busy = None
         record.last_used = next(self._clock)
-        if outcome == "done" or (outcome == "aborted" and keep_answer_tokens is not None and turn_kept):
-            record.kept, record.covers, record.last_request = True, record.messages + 1, request_id
-        elif outcome == "aborted":
+        cut = outcome == "aborted" and keep_answer_tokens is not None and turn_kept and not record.until
+        if outcome == "done" and record.until:
+            if not (record.resumed and record.open_s):  # this piece opened the turn
+                record.under_open = record.resumed
+            record.kept, record.covers, record.open_s = True, record.messages - 1, record.until
+            record.last_request = request_id
+        elif outcome == "done" or cut:
+            record.kept, record.covers, record.open_s = True, record.messages + 1, 0
+            record.last_request = request_id
+        elif outcome == "aborted" and not record.until:
             # Stages went back to the state before the request: nothing, if it started afresh.
             record.kept = record.kept and record.resumed
-        else:
+        else:  # failed, or a piece of an open turn aborted (what it leaves is not worth its book)
             record.kept = False
             return True
         return False
@@ -183,3 +236,8 @@ class ConversationBook:
             if cid in self._records:
                 self._records[cid].kept = False
         return drops
+
+
+def partial_until(params: dict[str, Any]) -> int:
+    """A partial turn's ``prefill_until_s`` (0: the request answers)."""
+    return int(params.get(PARTIAL_PARAM) or 0)

@@ -1,7 +1,8 @@
 """The coordinator's side of kept conversation state: which stages keep it, the book, the budget.
 
 Owned by the coordinator and run on its event loop. It turns the session's requests into requests
-that continue kept state (``ConversationBook.begin``), learns how each ended, cuts and drops kept
+that continue kept state (``ConversationBook.begin``; first ``prepare`` lets the conversation's
+request in flight end, and undoes an open turn the request abandons), learns how each ended, cuts and drops kept
 state in the stages that keep conversations (those whose Ready said so), and after each turn
 checks every keeping stage's bytes (a fresh StageStats) against its ``Budget``, evicting idle
 conversations least recently used first. Nothing here holds per-request state beyond the book's
@@ -37,14 +38,40 @@ class ConversationKeeping:
         self.book = ConversationBook()
         self._budgets = {s.name: Budget.from_options(s.options) for s in config.stages}
         self._keepers: set[str] = set()
+        self._caches: set[str] = set()  # stages that cache per-conversation work (dropped with it)
         self._send = send
         self._cut = cut
         self._abort = abort
         self._stage_stats = stage_stats
         self._budget_task: asyncio.Task[None] | None = None
         self._budget_again = False
+        self._wait_s = config.stream_idle_timeout_s
+        self._ended: dict[str, asyncio.Event] = {}  # requests in flight that another one awaits
 
     # --- requests -------------------------------------------------------------------------
+
+    async def prepare(self, request: OmniRequest) -> None:
+        """Before ``begin``: wait for the conversation's request in flight (a piece of the user's
+        turn prefilled while they spoke, or an answer whose abort is being acknowledged: short,
+        and what this request continues), then undo the open turn this request abandons. One that
+        outlasts the stream timeout is not waited for: the request then keeps nothing (``begin``
+        of a busy conversation)."""
+        cid = request.params.get(SESSION_PARAM)
+        if not self._keepers or cid is None:
+            return
+        try:
+            async with asyncio.timeout(self._wait_s):
+                while (busy := self.book.busy_request(str(cid))) is not None:
+                    await self._ended.setdefault(busy, asyncio.Event()).wait()
+        except TimeoutError:
+            log.warning("conversation %s: request %s still runs; request %s keeps nothing",
+                        cid, self.book.busy_request(str(cid)), request.request_id)
+            return
+        undo = self.book.open_to_undo(request)
+        if undo is not None:
+            log.info("conversation %s: the open turn of %s is abandoned; undone", cid, undo)
+            await self._cut(undo, (str(cid), None))
+            self.book.undo_open(str(cid))
 
     def begin(self, request: OmniRequest) -> OmniRequest:
         """The request to submit (see ConversationBook.begin); unchanged when no stage keeps any."""
@@ -60,6 +87,9 @@ class ConversationKeeping:
     def end(self, request_id: str, outcome: str, keep: int | None, turn_kept: bool = True) -> None:
         """A request ended (done, failed, or aborted once every stage acknowledged): a
         conversation's turn updates the book, and the budget is checked."""
+        ended = self._ended.pop(request_id, None)
+        if ended is not None:
+            ended.set()
         cid = self.book.conversation_of(request_id)
         if cid is None:
             return
@@ -92,11 +122,12 @@ class ConversationKeeping:
     def keeps(self, stage: str) -> bool:
         return stage in self._keepers
 
-    def on_ready(self, stage: str, keeps: bool) -> None:
-        if keeps:
-            self._keepers.add(stage)
-        else:
-            self._keepers.discard(stage)
+    def on_ready(self, stage: str, keeps: bool, caches: bool) -> None:
+        for stages, has in ((self._keepers, keeps), (self._caches, caches)):
+            if has:
+                stages.add(stage)
+            else:
+                stages.discard(stage)
 
     def on_crash(self, stage: str) -> None:
         if stage in self._keepers:
@@ -115,6 +146,8 @@ class ConversationKeeping:
     def _drop(self, cid: str, rid: str | None) -> None:
         for stage in self._keepers:
             self._send(stage, DropConversation(cid, rid))
+        for stage in self._caches - self._keepers:
+            self._send(stage, DropConversation(cid, None))  # a cache holds no request's state
 
     def _check_budget(self) -> None:
         """Run ``enforce_budget`` after a turn: one run at a time, again if a turn ended meanwhile."""

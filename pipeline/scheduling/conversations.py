@@ -1,9 +1,11 @@
 """Per-conversation state that an ``ar`` scheduler keeps between requests (see base.py).
 
-A request names its conversation in ``params["conversation"]`` = ``{"id": str, "resume": bool}``,
-which the coordinator sets (``conversation_book.py``): ``resume`` means the request's inputs hold
-only what is new since the conversation's kept state, and the runner continues that state; without
-it the request starts the conversation's state afresh (any older state is dropped first).
+A request names its conversation in ``params["conversation"]`` = ``{"id": str, "resume": bool,
+"covered_s": int}``, which the coordinator sets (``conversation_book.py``): ``resume`` means the
+request's inputs hold only what is new since the conversation's kept state, and the runner
+continues that state; without it the request starts the conversation's state afresh (any older
+state is dropped first). ``covered_s`` (optional): the kept state ends inside the first message
+given (an open turn, prefilled while the user spoke), after that many seconds of its audio.
 
 Who owns what: a ``KeptConversations`` belongs to one scheduler and is driven from its worker
 thread only. It owns every kept object (the runner's: e.g. the thinker's KV cache and token ids)
@@ -40,6 +42,7 @@ PREVIOUS_KEY = "conversation_made_by"
 class ConversationRef:
     id: str
     resume: bool
+    covered_s: int = 0
 
 
 def conversation_of(params: dict[str, Any]) -> ConversationRef | None:
@@ -47,7 +50,7 @@ def conversation_of(params: dict[str, Any]) -> ConversationRef | None:
     value = params.get(CONVERSATION_PARAM)
     if not isinstance(value, dict) or not value.get("id"):
         return None
-    return ConversationRef(str(value["id"]), bool(value.get("resume")))
+    return ConversationRef(str(value["id"]), bool(value.get("resume")), int(value.get("covered_s") or 0))
 
 
 @dataclass

@@ -118,18 +118,32 @@ def test_kept_turns_equal_fresh_requests(staged: Staged, reference_model) -> Non
         return prefill(slot)
 
     thinker._prefill = recording
+    talker_rows = staged.runners["talker"].rows
+    take = talker_rows.take
+    reused: list[tuple[int, int]] = []  # (user rows the talker reused, user rows of the request)
+
+    def taking(cid, rows):
+        cache, n = take(cid, rows)
+        reused.append((n, rows.shape[0]))
+        return cache, n
+
+    talker_rows.take = taking
     try:
         for i in range(3):
             _, result = conv.ask(user_turn(i))
             assert_same(result, conv.reference(reference_model))
             conv.answered(result.token_ids)
     finally:
-        del thinker._prefill
-    # Turns 2 and 3 prefilled only what was new, not the history before it.
+        del thinker._prefill, talker_rows.take
+    # Turns 2 and 3 prefilled only what was new, not the history before it: the thinker, and the
+    # talker, whose prompt holds the rows of every user turn (it reused those of the turns before).
     assert prefilled[1] < len(conv.ids) // 2 and prefilled[2] < len(conv.ids) // 2
-    assert staged.schedulers["thinker"].conversation_sizes().keys() == {"kept"}
-    staged.schedulers["thinker"].drop_conversation("kept", None)
-    assert staged.schedulers["thinker"].conversation_sizes() == {}
+    assert reused[0][0] == 0
+    assert reused[1][0] == reused[0][1] and reused[2][0] == reused[1][1] and reused[2][0] < reused[2][1]
+    for stage in ("thinker", "talker"):
+        assert staged.schedulers[stage].conversation_sizes().keys() == {"kept"}
+        staged.schedulers[stage].drop_conversation("kept", None)
+        assert staged.schedulers[stage].conversation_sizes() == {}
 
 
 PICK_ROWS = thinker_module.pick_rows

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipeline.proto import OmniRequest, StagePayload
@@ -291,3 +292,76 @@ def test_book_evicts_idle_conversations_least_recently_used_first() -> None:
     assert book.evictions({"c": 30}, Budget(max_bytes=1000, max_bytes_per_conversation=20)) == [("c", "c1")]
     book.close("a")
     assert book.busy_request("a") is None
+
+
+# --- turns prefilled while the user speaks (partial requests, open turns) ---------------------
+
+
+def spoken(seconds: float) -> dict[str, Any]:
+    return {"role": "user", "text": None, "audio": np.zeros(int(seconds * 16000), dtype=np.float32)}
+
+
+def test_book_continues_an_open_turn_piece_by_piece_then_answers_it() -> None:
+    book = ConversationBook()
+    begin(book, "r1", [user("a")])
+    book.end("r1", "done", None)
+    turn = spoken(5)
+    # The first piece continues the answered state: only the new turn is sent.
+    first = begin(book, "p1", [user("a"), assistant("x"), turn], prefill_until_s=2)
+    assert first.params["conversation"] == {"id": "c", "resume": True}
+    assert first.inputs["messages"] == [turn]
+    book.end("p1", "done", None)
+    # The next piece and the answer say how much of the turn the state holds; a request that
+    # claims otherwise starts afresh.
+    assert not begin(book, "x", [user("a"), assistant("x"), turn], conversation_open_s=1
+                     ).params["conversation"]["resume"]
+    book.end("x", "aborted", None)  # a fresh start aborted: nothing is kept
+    assert book.last_request("c") is None
+    book2 = ConversationBook()
+    begin(book2, "p1", [user("a"), turn], prefill_until_s=2)
+    book2.end("p1", "done", None)
+    second = begin(book2, "p2", [user("a"), turn], prefill_until_s=4, conversation_open_s=2)
+    assert second.params["conversation"] == {"id": "c", "resume": True, "covered_s": 2}
+    assert second.inputs["messages"] == [turn]
+    book2.end("p2", "done", None)
+    answer = begin(book2, "r2", [user("a"), turn], conversation_open_s=4)
+    assert answer.params["conversation"] == {"id": "c", "resume": True, "covered_s": 4}
+    book2.end("r2", "done", None)
+    # Answered: the state covers the turn and its answer, as after any turn.
+    after = begin(book2, "r3", [user("a"), turn, assistant("y"), user("b")])
+    assert after.inputs["messages"] == [user("b")] and "covered_s" not in after.params["conversation"]
+
+
+def test_book_undoes_an_abandoned_open_turn_to_the_state_before_it() -> None:
+    book = ConversationBook()
+    begin(book, "r1", [user("a")])
+    book.end("r1", "done", None)
+    fragment = spoken(3)
+    for rid, until, held in (("p1", 1, 0), ("p2", 2, 1)):
+        begin(book, rid, [user("a"), assistant("x"), fragment], prefill_until_s=until,
+              conversation_open_s=held)
+        book.end(rid, "done", None)
+    # The VAD dropped the fragment: the next turn claims none of it. The last piece is what the
+    # stages undo (its state's base is where the fragment began), then the turn continues the
+    # answered state.
+    nxt = OmniRequest("r2", {"messages": [user("a"), assistant("x"), user("b")]}, {"conversation_id": "c"})
+    assert book.open_to_undo(nxt) == "p2"
+    book.undo_open("c")
+    assert book.open_to_undo(nxt) is None
+    resumed = book.begin(nxt)
+    assert resumed.params["conversation"] == {"id": "c", "resume": True}
+    assert resumed.inputs["messages"] == [user("b")]
+
+
+def test_book_an_abandoned_first_turn_leaves_nothing_and_an_aborted_piece_drops_all() -> None:
+    book = ConversationBook()
+    begin(book, "p1", [spoken(2)], prefill_until_s=1)  # the conversation's first request
+    book.end("p1", "done", None)
+    nxt = OmniRequest("r1", {"messages": [user("b")]}, {"conversation_id": "c"})
+    assert book.open_to_undo(nxt) == "p1"
+    book.undo_open("c")
+    assert book.begin(nxt).params["conversation"]["resume"] is False  # nothing under the fragment
+    book.end("r1", "done", None)
+    begin(book, "p2", [user("b"), assistant("x"), spoken(2)], prefill_until_s=1)
+    assert book.end("p2", "aborted", None)  # the stages are told to drop the conversation
+    assert book.last_request("c") is None

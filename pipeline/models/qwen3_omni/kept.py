@@ -6,7 +6,10 @@ them but the last answer token (which was sampled, never fed back), and the talk
 of every user turn so far (the talker's prefill takes the rows of all user turns of the history,
 as ``generate`` does). It also remembers where its last request began (``base``) and where that
 request's answer begins (``answer_start``), so the request can be undone or its answer cut to what
-the user heard.
+the user heard. A state ``open`` ends inside a user turn still being spoken (pieces prefilled while
+the user spoke: no answer, every token cached); its ``base`` is where that turn began, however many
+pieces it took, so that undoing its last request undoes the whole turn (the VAD dropped it). The
+answer to an open turn remembers it (``base_open``, ``turn_base``): undone, it is open again.
 
 Ownership: the thinker runner creates it (``Thinker.keep``) and the ``ar`` scheduler's
 KeptConversations owns it between requests; the conversation's next request takes it over
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+
+from pipeline.models.qwen3_omni.kv_pool import cache_bytes, crop_to
 
 
 @dataclass
@@ -37,6 +42,13 @@ class KeptThinker:
     base_users: int
     answer_start: int
     """Where the last request's answer begins in ``ids``."""
+    open: bool = False
+    """It ends inside a user turn still being spoken (see the module doc)."""
+    base_open: bool = False
+    """Whether the state at ``base`` is open (this answers a turn prefilled in pieces)."""
+    turn_base: int = 0
+    """With ``base_open``: where that open turn began (its own ``base``)."""
+    turn_users: int = 0
 
     @property
     def cached(self) -> int:
@@ -44,10 +56,7 @@ class KeptThinker:
 
     def nbytes(self) -> int:
         tensors = [self.ids, self.user_embeds, self.user_mm]
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                tensors += [layer.keys, layer.values]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return cache_bytes(self.cache) + sum(t.numel() * t.element_size() for t in tensors)
 
 
 def cut(kept: KeptThinker, answer_tokens: int | None) -> KeptThinker | None:
@@ -57,13 +66,15 @@ def cut(kept: KeptThinker, answer_tokens: int | None) -> KeptThinker | None:
         if kept.base == 0:
             return None
         length, users = kept.base, kept.base_users
-        base, base_users, answer_start = length, users, length
+        # Back to an open turn, the state's own undo is the whole turn; else to where it is.
+        base, base_users = (kept.turn_base, kept.turn_users) if kept.base_open else (length, users)
+        answer_start, is_open, base_open = length, kept.base_open, False
     else:
         length = min(kept.ids.numel(), kept.answer_start + max(0, int(answer_tokens)))
         users = kept.user_mm.numel()
         base, base_users, answer_start = kept.base, kept.base_users, kept.answer_start
-    if kept.cached > length:
-        kept.cache.crop(length - kept.cached)  # transformers 5: a negative count of tokens to remove
+        is_open, base_open = kept.open, kept.base_open
+    crop_to(kept.cache, length)
     return KeptThinker(
         ids=kept.ids[:length].clone(),
         cache=kept.cache,
@@ -72,4 +83,8 @@ def cut(kept: KeptThinker, answer_tokens: int | None) -> KeptThinker | None:
         base=base,
         base_users=base_users,
         answer_start=answer_start,
+        open=is_open,
+        base_open=base_open,
+        turn_base=kept.turn_base,
+        turn_users=kept.turn_users,
     )

@@ -19,6 +19,19 @@ from transformers import DynamicCache
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` tokens of ``cache`` (transformers 5's crop takes a negative count
+    of tokens to remove)."""
+    if cache.get_seq_length() > length:
+        cache.crop(length - cache.get_seq_length())
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    """Memory held by a cache's keys and values."""
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               if getattr(layer, "is_initialized", False) for t in (layer.keys, layer.values))
+
+
 def _layers(cache: DynamicCache) -> Layers:
     return [(keys, values) for keys, values, _ in cache]
 

@@ -22,6 +22,18 @@ a request fails before the thinker runs), ``modalities`` (subset of ``["text", "
 resumes a kept conversation, whose state has it; a forced call's opening after the generation
 prompt).
 
+A turn prefilled while the user speaks (``conversation_book.py``): a partial request
+(``params["prefill_until_s"] = S``) renders its last message, a user turn of audio alone, only up
+to the audio pads of its first S seconds (no end of turn, no generation prompt); a request whose
+conversation state ends inside its first message (``covered_s`` = C) renders that message from the
+pads after its first C seconds on. Such an open turn's log-mel is computed over the turn's audio so
+far (the frames up to S read 25 ms past it: ``LOOKAHEAD``) and cut at whole seconds, which the
+audio tower's 1 s convolution chunks never straddle, so a piece's frames and token counts are those
+of the whole turn. What differs from encoding the turn at once: each piece is its own clip to the
+tower, whose attention spans blocks of ``n_window_infer`` frames (8 s) of one clip (pieces that are
+whole blocks encode exactly); and Whisper's log-mel floor (the clip's maximum - 8) is taken over
+the audio heard so far.
+
 Output data: ``input_ids`` (1-D long tensor, one ``<|audio_pad|>`` per audio frame of the encoder),
 with audio ``input_features`` / ``feature_attention_mask`` (one row per clip), and when asked and
 the last message is a user turn heard as audio only, ``transcribe_audio`` (its 16 kHz clip). The runner is
@@ -43,9 +55,12 @@ from pipeline.models import StageContext
 from pipeline.models.qwen3_omni import loading, tools
 from pipeline.models.qwen3_omni.talker import requested_voice
 from pipeline.scheduling.base import BatchItem, RequestError
+from pipeline.scheduling.conversation_book import partial_until
 from pipeline.scheduling.conversations import conversation_of
 
 MIN_RATE, MAX_RATE = 8000, 192000
+LOOKAHEAD = 400
+"""Samples (16 kHz) read past a piece's end: its last STFT frame's window reaches 40 past it."""
 ROLES = ("system", "user", "assistant")
 MODALITIES = ("text", "audio")
 
@@ -78,6 +93,9 @@ class Preprocessor:
         self.n_window = config.thinker_config.audio_config.n_window
         self.speakers = dict(config.talker_config.speaker_id or {})
         self.max_audio_s = float(ctx.stage.options.get("max_audio_seconds", 120.0))
+        self.frames_per_s = self.features.sampling_rate // self.features.hop_length
+        if self.frames_per_s % (2 * self.n_window):
+            raise ValueError("the audio tower's convolution chunks do not fit in whole seconds")
 
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
         return [self._one(item.payload.request_id, item.payload.data, item.payload.params) for item in batch]
@@ -100,24 +118,24 @@ class Preprocessor:
         if not messages or messages[-1]["role"] == "system" or not messages[-1]["content"]:
             raise RequestError(rid, "the last message must be a user turn (or an assistant message) "
                                "with audio or text")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        covered = conversation.covered_s if conversation is not None and conversation.resume else 0
+        until = partial_until(params)
+        spans = self._open_spans(rid, plain, clips, covered, until)
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=not until, tokenize=True)
         if not isinstance(ids, list):
             ids = ids["input_ids"]
         if opening is not None:
             ids = list(ids) + self.tokenizer.encode(opening, add_special_tokens=False)
+        markers = [i for i, t in enumerate(ids) if t == self.audio_token_id]
+        if until:  # the turn goes on: nothing after its audio so far
+            ids = ids[: markers[-1] + 1]
+        if covered:  # the state holds the turn's header and its first seconds
+            ids = ids[markers[0]:]
         out: dict[str, Any] = {}
         if clips:
-            feats = self.features(
-                clips,
-                sampling_rate=self.features.sampling_rate,
-                padding=True,
-                truncation=False,
-                return_attention_mask=True,
-                return_tensors="pt",
-            )
-            mask = feats["attention_mask"]
+            features, mask = self._features(clips, spans)
             ids = self._expand_audio(rid, ids, audio_token_counts(mask.sum(-1), self.n_window))
-            out["input_features"] = feats["input_features"]
+            out["input_features"] = features
             out["feature_attention_mask"] = mask
         out["input_ids"] = torch.tensor(ids, dtype=torch.long)
         last = inputs["messages"][-1]
@@ -125,6 +143,54 @@ class Preprocessor:
                 and not last.get("text"):
             out["transcribe_audio"] = clips[-1]
         return out
+
+    def _open_spans(self, rid: str, messages: list[Any], clips: list[np.ndarray], covered: int,
+                    until: int) -> dict[int, tuple[int, int | None]]:
+        """The open turn's clips: index -> (first sample, end sample or None: to its end)."""
+        spans: dict[int, tuple[int, int | None]] = {}
+        rate = self.features.sampling_rate
+        if until:
+            last = messages[-1]
+            if last.get("role") != "user" or last.get("audio") is None or last.get("text"):
+                raise RequestError(rid, "a partial turn's last message must be a user turn of audio alone")
+            if len(clips[-1]) < until * rate + LOOKAHEAD:
+                raise RequestError(rid, f"a partial turn to {until} s needs {LOOKAHEAD} samples of audio "
+                                   "past it")
+            spans[len(clips) - 1] = (0, until * rate)
+        if covered:
+            first = messages[0]
+            if first.get("role") != "user" or first.get("audio") is None or len(clips[0]) < covered * rate:
+                raise RequestError(rid, "the open turn's audio is shorter than what the kept state holds")
+            spans[0] = (covered * rate, spans.get(0, (0, None))[1])
+        return spans
+
+    def _features(self, clips: list[np.ndarray], spans: dict[int, tuple[int, int | None]]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-mel rows of every clip (padded, with their mask); an open turn's clip is computed
+        alone over its audio so far and cut to its span at whole frames."""
+        def extract(batch: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+            feats = self.features(batch, sampling_rate=self.features.sampling_rate, padding=True,
+                                  truncation=False, return_attention_mask=True, return_tensors="pt")
+            return feats["input_features"], feats["attention_mask"]
+
+        if not spans:
+            return extract(clips)
+        plain = [i for i in range(len(clips)) if i not in spans]
+        rows: dict[int, torch.Tensor] = {}
+        if plain:
+            features, mask = extract([clips[i] for i in plain])
+            rows = {i: features[k][:, mask[k].bool()] for k, i in enumerate(plain)}
+        hop = self.features.hop_length
+        for i, (start, end) in spans.items():
+            clip = clips[i] if end is None else clips[i][: end + LOOKAHEAD]
+            whole = extract([clip])[0][0]
+            rows[i] = whole[:, start // hop: None if end is None else end // hop]
+        longest = max(r.shape[1] for r in rows.values())
+        features = torch.zeros(len(clips), rows[0].shape[0], longest)
+        mask = torch.zeros(len(clips), longest, dtype=torch.long)
+        for i, row in rows.items():
+            features[i, :, : row.shape[1]], mask[i, : row.shape[1]] = row, 1
+        return features, mask
 
     def _check_params(self, rid: str, params: dict[str, Any]) -> None:
         modalities = params.get("modalities") or ["text", "audio"]

@@ -31,6 +31,11 @@ thus voiced exactly as the same words followed by EOS.
 
 Per-request state (TalkerState in ``ARSlot.state``; KV in the runner's KVPool) lives from
 ``new_state`` to ``release``. Requests that do not ask for audio hold nothing and end at once.
+
+A request of a conversation (``params["conversation"]``, set by the coordinator) gives back, at its
+release, the KV of the user rows it prefilled, and the conversation's next request prefills only
+the user rows after the longest prefix it shares with them (``talker_rows.py``: a cache, dropped
+with the conversation; a ``ConversationCache`` to the scheduler).
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ from transformers import DynamicCache
 from pipeline.models import StageContext
 from pipeline.models.qwen3_omni import loading, tools
 from pipeline.models.qwen3_omni.code_predictor import predict_frame
-from pipeline.models.qwen3_omni.kv_pool import KVPool
+from pipeline.models.qwen3_omni.kv_pool import KVPool, crop_to
 from pipeline.models.qwen3_omni.sampling import Sampling, SamplingParams, pick_rows
+from pipeline.models.qwen3_omni.talker_rows import UserRowsCache
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
+from pipeline.scheduling.conversation_book import Budget
+from pipeline.scheduling.conversations import conversation_of
 
 
 @dataclass
@@ -71,6 +79,9 @@ class TalkerState:
     past_hidden: torch.Tensor | None = None
     position: int = 0
     frames: int = 0
+    conversation: str | None = None
+    user_rows: torch.Tensor | None = None
+    """The user rows prefilled (CPU), from the prefill on: kept for the conversation's next request."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,7 @@ class Talker:
             talker_cfg.codec_bos_id,
         ]
         self.pool = KVPool()
+        self.rows = UserRowsCache(Budget.from_options(ctx.stage.options))
 
     # -- ARRunner ----------------------------------------------------------------------------
 
@@ -156,10 +168,12 @@ class Talker:
         predictor = SamplingParams(
             do_sample=o.do_sample, top_k=o.predictor_top_k, top_p=o.predictor_top_p, seed=seed
         )
+        conversation = conversation_of(params)
         return TalkerState(
             speaker=speaker,
             sampling=Sampling(sampling, self.device),
             predictor_sampling=Sampling(predictor, self.device),
+            conversation=None if conversation is None else conversation.id,
         )
 
     def feed(self, slot: ARSlot, payload: StagePayload) -> None:
@@ -220,8 +234,22 @@ class Talker:
         return None
 
     def release(self, slot: ARSlot) -> None:
+        st: TalkerState | None = slot.state
+        if st is not None and st.conversation is not None and st.user_rows is not None:
+            cache = self.pool.take(slot.request_id)
+            if cache is not None:
+                crop_to(cache, st.user_rows.shape[0])  # the user rows, without this answer's
+                self.rows.put(st.conversation, st.user_rows, cache)
         self.pool.release(slot.request_id)
         slot.state = None
+
+    # -- ConversationCache ---------------------------------------------------------------------
+
+    def cached_conversations(self) -> dict[str, int]:
+        return self.rows.sizes()
+
+    def drop_cached(self, conversation_id: str) -> None:
+        self.rows.drop(conversation_id)
 
     # -- text slots ----------------------------------------------------------------------------
 
@@ -259,8 +287,13 @@ class Talker:
     def _prefill(self, slot: ARSlot) -> ARStepResult:
         st: TalkerState = slot.state
         prompt = st.prompt
-        user = prompt["user_embeds"].to(self.device, self.model.dtype)
-        mm = prompt["user_mm"].to(self.device)
+        rows = prompt["user_embeds"]
+        cache, start = None, 0
+        if st.conversation is not None:
+            cache, start = self.rows.take(st.conversation, rows)
+            st.user_rows = rows
+        user = rows[start:].to(self.device, self.model.dtype)
+        mm = prompt["user_mm"][start:].to(self.device)
         user_part = user.new_empty(user.shape[0], self.text_config.hidden_size)
         if mm.any():
             user_part[mm] = self.model.hidden_projection(user[mm])
@@ -276,11 +309,12 @@ class Talker:
             [text_part.new_zeros(3, text_part.shape[1]), self.model.get_input_embeddings()(specials)]
         )
         embeds = torch.cat([user_part, text_part + codec_part])[None]
-        length = embeds.shape[1]
-        cache = DynamicCache(config=self.text_config)
+        length = start + embeds.shape[1]
+        cache = DynamicCache(config=self.text_config) if cache is None else cache
+        positions = torch.arange(start, length, device=self.device)
         out = self.model.model(
             inputs_embeds=embeds,
-            position_ids=torch.arange(length, device=self.device).view(1, 1, -1).expand(4, 1, -1),
+            position_ids=positions.view(1, 1, -1).expand(4, 1, -1),
             attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
             cache=cache,
             use_cache=True,

@@ -32,6 +32,11 @@ its new messages, rendered by the same chat template, and ``resume`` prefills ju
 kept tokens (the last answer's final token, which has no KV yet, and ``<|im_end|>`` if the answer
 was cut, then ``\n``), at the positions that follow: the same tokens at the same positions as a
 fresh request over the whole history, so the same answer.
+
+A turn prefilled while the user speaks (``conversation_book.py``): a partial request
+(``params["prefill_until_s"]``) prefills its piece of the user's turn, samples nothing and ends at
+once; its kept state is open (``kept.py``), and the next request continues inside that turn (no
+``<|im_end|>`` joins them).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from pipeline.models.qwen3_omni.kv_pool import KVPool
 from pipeline.models.qwen3_omni.sampling import Sampling, SamplingParams, pick_rows
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
+from pipeline.scheduling.conversation_book import partial_until
 
 
 @dataclass
@@ -72,6 +78,11 @@ class ThinkerState:
     user_mm: torch.Tensor | None = None
     base: int = 0
     base_users: int = 0
+    base_open: bool = False
+    turn_base: int = 0
+    turn_users: int = 0
+    partial: bool = False
+    """A piece of the user's turn, prefilled while they speak: no answer."""
     calls: CallParser | None = None
     """The answer split into words and a function call, for requests that offer tools."""
     settled: int = 0
@@ -136,7 +147,8 @@ class Thinker:
         got = 0 if audio is None else audio.shape[0]
         if n_audio != got:
             raise RequestError(rid, f"prompt has {n_audio} audio tokens but {got} audio embeddings")
-        if self._assistant_start(ids) is None:
+        partial = bool(partial_until(payload.params))
+        if not partial and self._assistant_start(ids) is None:
             raise RequestError(rid, "prompt does not end with an assistant turn header")
         sampling = Sampling(sampling_params(payload.params), self.device)
         try:
@@ -147,8 +159,9 @@ class Thinker:
         before = torch.zeros(0, dtype=ids.dtype)
         if past is not None:
             # An answer cut short (barge-in, cap) never got its <|im_end|>; the template's is added.
-            ended = past.ids.numel() > 0 and int(past.ids[-1]) == self.im_end
-            joiner = ([] if ended else [self.im_end]) + self.newline
+            # An open turn goes on where its last piece ended.
+            ended = past.open or (past.ids.numel() > 0 and int(past.ids[-1]) == self.im_end)
+            joiner = ([] if ended else [self.im_end]) + ([] if past.open else self.newline)
             before = torch.cat([past.ids[past.cached:], torch.tensor(joiner, dtype=ids.dtype)])
         total = (0 if past is None else past.cached) + before.numel() + ids.numel()
         if total >= self.max_positions:
@@ -159,6 +172,7 @@ class Thinker:
             sampling=sampling,
             past=past,
             new_from=before.numel(),
+            partial=partial,
             calls=calls,
         )
 
@@ -174,10 +188,7 @@ class Thinker:
         st: ThinkerState = slot.state
         if not st.prefilled:
             past, st.past = st.past, None
-            if past is None:
-                return None
-            length, users = past.ids.numel(), past.user_mm.numel()
-            return KeptThinker(past.ids, past.cache, past.user_embeds, past.user_mm, length, users, length)
+            return past
         cache = self.pool.take(slot.request_id)
         assert st.prompt_ids is not None and st.user_embeds is not None and st.user_mm is not None
         return KeptThinker(
@@ -188,6 +199,10 @@ class Thinker:
             base=st.base,
             base_users=st.base_users,
             answer_start=st.prompt_ids.numel(),
+            open=st.partial,
+            base_open=st.base_open,
+            turn_base=st.turn_base,
+            turn_users=st.turn_users,
         )
 
     def truncate(self, kept: KeptThinker | None, answer_tokens: int | None) -> KeptThinker | None:
@@ -273,20 +288,26 @@ class Thinker:
             use_cache=True,
             output_hidden_states=[self.accept_layer],
         )
-        logits = self.model.lm_head(out.last_hidden_state[:, -1])
-        token = pick_rows(logits, [st.sampling], [[]])[0]
         self.pool.add(slot.request_id, cache)
         st.prefilled, st.position, st.audio_embeds = True, end, None
         st.prompt_ids = st.input_ids if past is None else torch.cat([past.ids[:start], st.input_ids])
-        if past is not None:
+        if past is not None and st.partial and past.open:
+            st.base, st.base_users = past.base, past.base_users  # the same turn: undone as one
+        elif past is not None:
             st.base, st.base_users = past.ids.numel(), past.user_mm.numel()
+            st.base_open, st.turn_base, st.turn_users = past.open, past.base, past.base_users
         prompt = self._talker_prompt(
-            st.prompt_ids.to(self.device), start, embeds[0], out.hidden_states[self.accept_layer][0]
+            st.prompt_ids.to(self.device), start, embeds[0], out.hidden_states[self.accept_layer][0],
+            with_answer=not st.partial,
         )
         st.user_embeds, st.user_mm = prompt["user_embeds"], prompt["user_mm"]
         if past is not None:
             prompt["user_embeds"] = st.user_embeds = torch.cat([past.user_embeds, st.user_embeds])
             prompt["user_mm"] = st.user_mm = torch.cat([past.user_mm, st.user_mm])
+        if st.partial:
+            return ARStepResult(data=None, finished=True)
+        logits = self.model.lm_head(out.last_hidden_state[:, -1])
+        token = pick_rows(logits, [st.sampling], [[]])[0]
         return self._emit(slot, token, self._embed_cpu([token])[0], prompt)
 
     def _decode(self, slots: list[ARSlot]) -> dict[str, ARStepResult]:
@@ -342,10 +363,12 @@ class Thinker:
         return int(starts[-1]) if len(starts) else None
 
     def _talker_prompt(
-        self, ids: torch.Tensor, start: int, embeds: torch.Tensor, hidden: torch.Tensor
+        self, ids: torch.Tensor, start: int, embeds: torch.Tensor, hidden: torch.Tensor,
+        with_answer: bool,
     ) -> dict[str, torch.Tensor]:
         """What the talker's prefill takes from the rows ``ids[start:]`` just prefilled (``embeds``,
-        ``hidden``), selected as the reference selects it from the whole prompt ``ids``."""
+        ``hidden``), selected as the reference selects it from the whole prompt ``ids``; the rows
+        of user turns only where no answer follows (a piece of a turn)."""
         n = ids.shape[0]
         positions = torch.arange(n, device=ids.device)
         im_start = torch.where(ids == self.im_start, positions, positions.new_full((), -1))
@@ -354,6 +377,8 @@ class Thinker:
         user = role == self.user_token
         mm = torch.isin(ids[start:], torch.tensor(self.mm_tokens, device=ids.device))
         user_embeds = torch.where(mm[:, None], hidden, embeds)[user]
+        if not with_answer:
+            return {"user_embeds": user_embeds.cpu(), "user_mm": mm[user].cpu()}
         header = self._assistant_start(ids) - start
         tts = self.embed(torch.tensor(self.tts_tokens, device=ids.device))
         return {
