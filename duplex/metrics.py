@@ -45,6 +45,14 @@ SPECULATIVE_RESPONSES_TOTAL = Counter(
 )
 for _outcome in ("adopted", "aborted"):
     SPECULATIVE_RESPONSES_TOTAL.labels(_outcome)
+PREFILL_PIECES_TOTAL = Counter(
+    "duplex_prefill_pieces_total",
+    "Pieces of the user's turn prefilled into the model's kept state while they spoke "
+    "(prefill_piece_s), by outcome: done, or failed (the next turn then prefills in full)",
+    ["outcome"],
+)
+for _outcome in ("done", "failed"):
+    PREFILL_PIECES_TOTAL.labels(_outcome)
 BACKCHANNELS_TOTAL = Counter(
     "duplex_backchannels_total",
     "Speech over the agent recognised as a backchannel (\"mhm\", \"yeah\"): the agent went on",

@@ -41,6 +41,11 @@ class SessionDefaults(BaseModel):
     # The model keeps each conversation's state between turns (the pipeline's conversation_id), so
     # a turn computes only what is new; for presets whose model offers it (qwen3_omni).
     keep_model_state: bool = False
+    # With keep_model_state: while the user speaks, each piece of this many seconds of their turn
+    # is encoded and prefilled into the kept state (duplex/session/prefill.py), so the turn's end
+    # leaves only its last piece to do; 0: off. Pieces of 8 s (the audio tower's attention block)
+    # encode exactly as the whole turn would; shorter ones are measured in the README.
+    prefill_piece_s: int = Field(default=0, ge=0, le=60)
     # semantic_vad begins the answer at each pause and drops it when the user goes on
     # (duplex/session/speculation.py): faster answers for the CPU of the answers dropped.
     speculative_start: bool = True

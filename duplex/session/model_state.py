@@ -16,6 +16,13 @@ which request's answer to cut, where the history's text is that of its first N a
 nothing of the conversation is in flight; anywhere else the kept state cannot follow the history,
 and the conversation is dropped (now, or by the next request where a request may be in flight),
 so that the next turn is a full prefill rather than a continuation of a stale state.
+
+Prefill while the user speaks (:mod:`duplex.session.prefill`): a partial request (``until`` > 0
+seconds) leaves the state inside the user's turn ("open"): it covers the messages before the turn
+and the turn's first ``until`` seconds of audio. A later request continues the open turn where its
+turn's audio begins with the same samples (the next piece, or the answer), and says so
+(``conversation_open_s``); any other request abandons it, and the pipeline undoes the open turn
+before that request continues what came before it.
 """
 
 from __future__ import annotations
@@ -24,8 +31,15 @@ import asyncio
 import json
 from typing import Any
 
+import numpy as np
+
 from duplex.protocol.events import new_id
 from duplex.session.model_pipeline import ModelPipeline
+from duplex.turns.vad import SAMPLE_RATE
+from pipeline.scheduling.conversation_book import OPEN_PARAM, SESSION_PARAM
+
+Open = tuple[np.ndarray, int]
+"""An open turn: its audio as the last partial request sent it, and the seconds of it kept."""
 
 
 class KeptModelState:
@@ -34,7 +48,8 @@ class KeptModelState:
         self._enabled = enabled
         self._conversation: str | None = None
         self._keys: list[tuple[Any, ...]] = []  # (role, text, audio identity) of the last request
-        self._before: list[tuple[Any, ...]] = []  # the keys before the last request
+        self._open: Open | None = None  # the last request was partial: the turn it left open
+        self._before: tuple[list[tuple[Any, ...]], Open | None] = ([], None)  # before the last request
         self._request: str | None = None  # the last request (its messages are ``_keys``)
         # The history item of the last request's answer, once its response is over and while no
         # other request began: a cut of that request then reaches the kept state (see ``cut``).
@@ -48,34 +63,43 @@ class KeptModelState:
 
     def conversation_for(self, messages: list[dict[str, Any]],
                          tools: list[dict[str, Any]] | None = None,
-                         request_id: str | None = None) -> str | None:
-        """The conversation id for the request ``request_id`` with ``messages`` offering ``tools``
-        (None when state is not kept)."""
+                         request_id: str | None = None, until: int = 0) -> dict[str, Any]:
+        """The params naming the kept conversation for the request ``request_id`` with
+        ``messages`` offering ``tools`` (none when state is not kept); ``until``: the request is
+        partial, its last message the turn so far, of which it prefills ``until`` seconds."""
         if not self._enabled:
-            return None
+            return {}
         offered = ("tools", json.dumps(tools, sort_keys=True) if tools else None)
         keys = [offered, *((m["role"], m["text"], None if m["audio"] is None else id(m["audio"]))
                            for m in messages)]
-        previous, self._keys = self._keys, keys
-        self._before = previous
+        previous, held = self._keys, self._open
+        self._before = (previous, held)
+        self._keys, self._open = (keys[:-1], (messages[-1]["audio"], until)) if until else (keys, None)
         self._request, self._answer = request_id, None
-        continues = (self._conversation is not None and bool(previous) and not self._stale
-                     and keys[: len(previous)] == previous
-                     and len(keys) > len(previous) and keys[len(previous)][0] == "assistant")
+        extends = bool(previous) and keys[: len(previous)] == previous and len(keys) > len(previous)
+        if held is None:
+            # The state covers the previous request's messages and its answer, which comes next.
+            continues = extends and keys[len(previous)][0] == "assistant"
+        else:
+            continues = extends  # the open turn is continued, or abandoned and undone
+        continues = continues and self._conversation is not None and not self._stale
         if not continues:
             # Kept state this request does not continue is freed; where nothing is kept (the
             # conversation's first request was withdrawn) the conversation id serves again.
             if previous or self._stale:
                 self._forget()
-            self._before = []
+            self._before = ([], None)
             if self._conversation is None:
                 self._conversation = new_id("conv")
-        return self._conversation
+        params: dict[str, Any] = {SESSION_PARAM: self._conversation}
+        if continues and held is not None and _same_turn(messages[len(previous) - 1], held, until):
+            params[OPEN_PARAM] = held[1]
+        return params
 
     def withdraw(self) -> None:
         """The last request was aborted and kept nothing: the state is what it was before it (or
         nothing, where that request began a new conversation)."""
-        self._keys = self._before
+        self._keys, self._open = self._before
         # Its abort may still be on its way, and the answer the state ends with is not known here.
         self._request = self._answer = None
 
@@ -119,3 +143,14 @@ class KeptModelState:
         """Free what the pipeline keeps (the session ended); returns once it is freed."""
         self._forget()
         await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _same_turn(message: dict[str, Any], held: Open, until: int) -> bool:
+    """Whether ``message`` is the open turn ``held`` went on: a user turn of audio whose first
+    seconds are the ones kept (and, for a next piece, one that goes further)."""
+    audio, seconds = held
+    n = seconds * SAMPLE_RATE
+    got = message.get("audio")
+    return (message["role"] == "user" and got is not None and not message.get("text")
+            and len(got) >= n and (not until or until > seconds)
+            and np.array_equal(got[:n], audio[:n]))

@@ -22,6 +22,7 @@ from duplex.session.model_state import KeptModelState
 from duplex.settings import SessionDefaults
 from duplex.turns.vad import SAMPLE_RATE
 from pipeline.proto import OmniRequest
+from pipeline.scheduling.conversation_book import PARTIAL_PARAM
 
 
 class RequestBuilder:
@@ -46,9 +47,9 @@ class RequestBuilder:
         return params
 
     def request(self, config: SessionConfig, spec: ResponseSpec, input_items: list[Item] | None,
-                pending: Item | None = None) -> OmniRequest:
+                pending: Item | None = None, until: int = 0) -> OmniRequest:
         """The request answering the history (or ``input_items``), with ``pending`` as its newest
-        turn (the turn so far, for a speculative answer)."""
+        turn (the turn so far, for a speculative answer or, ``until`` > 0, a partial turn)."""
         params = self.params(config, spec)
         source = self._history
         if input_items is not None:
@@ -58,9 +59,8 @@ class RequestBuilder:
         messages = source.messages(spec.instructions, pending)
         request_id = new_id("req")
         if input_items is None and not spec.out_of_band:
-            kept = self._model_state.conversation_for(messages, params.get("tools"), request_id)
-            if kept is not None:
-                params["conversation_id"] = kept
+            params.update(self._model_state.conversation_for(messages, params.get("tools"), request_id,
+                                                             until))
         return OmniRequest(request_id, {"messages": messages}, params)
 
     def speculative(self, config: SessionConfig, turn_audio: np.ndarray) -> OmniRequest:
@@ -69,6 +69,16 @@ class RequestBuilder:
         request = self.request(config, ResponseSpec.of_session(config), None, pending)
         # The turn may go on: a pipeline that judges words says whether these read as finished.
         request.params["end_of_turn"] = True
+        return request
+
+    def partial(self, config: SessionConfig, turn_audio: np.ndarray, until: int) -> OmniRequest:
+        """The turn so far as a partial turn (:mod:`duplex.session.prefill`): the model prefills
+        its first ``until`` seconds into the conversation's kept state and answers nothing."""
+        pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE)
+        spec = replace(ResponseSpec.of_session(config), output_modalities=("text",))
+        request = self.request(config, spec, None, pending, until)
+        request.params.pop("transcribe", None)
+        request.params[PARTIAL_PARAM] = until
         return request
 
     def recognition(self, config: SessionConfig, fragment: np.ndarray) -> OmniRequest:

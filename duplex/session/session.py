@@ -60,6 +60,7 @@ from duplex.session.history import History, Item
 from duplex.session.input_buffer import InputBuffer
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.model_state import KeptModelState
+from duplex.session.prefill import TurnPrefill
 from duplex.session.requests import RequestBuilder
 from duplex.session.response import Response
 from duplex.session.speculation import Speculation, Speculator
@@ -103,6 +104,8 @@ class Session:
         self._requests = RequestBuilder(defaults, self.history, self._model_state)
         self._speculator = Speculator(pipeline, self._judge.hear, self._model_state.withdraw,
                                       {"session_id": session_id})
+        piece_s = defaults.prefill_piece_s if defaults.keep_model_state else 0
+        self._prefill = TurnPrefill(pipeline, piece_s, {"session_id": session_id})
         self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
         self._response: Response | None = None
         # Out-of-band, text-only responses (``conversation: "none"``): they run beside the
@@ -141,6 +144,7 @@ class Session:
         self._detector.reset()
         self._judge.forget()
         await self._speculator.close()
+        await self._prefill.close()
         await self._model_state.close()
         self.history.clear()
         self._input.clear()
@@ -197,6 +201,8 @@ class Session:
                 self._on_turn_end(stop)
             self._speculator.step(self._detector, self._may_speculate(),
                                   lambda audio: self._requests.speculative(self.config, audio))
+            self._prefill.step(self._detector, self._quiet() and not self._speculator.active,
+                               lambda audio, until: self._requests.partial(self.config, audio, until))
             self._check_interruption()
 
     def _semantic_turn_end(self) -> bool:
@@ -210,8 +216,11 @@ class Session:
         """Whether an answer may begin at a pause (module doc of :mod:`duplex.session.speculation`)."""
         td = self.config.turn_detection
         return (td is not None and td.type == "semantic_vad" and td.create_response
-                and self.defaults.speculative_start and self._response is None
-                and self.barge_in is None and not self._closed)
+                and self.defaults.speculative_start and self._quiet())
+
+    def _quiet(self) -> bool:
+        """Whether nothing of the conversation runs: no response, no barge-in, not closed."""
+        return self._response is None and self.barge_in is None and not self._closed
 
     async def settled(self) -> None:
         """Until the end-of-turn model answered for the current pause (tests on virtual time)."""

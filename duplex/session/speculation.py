@@ -134,6 +134,11 @@ class Speculator:
             self._current = Speculation(self._pipeline, request_for(audio), audio,
                                         detector.pause_start, self._on_transcript, self._log_extra)
 
+    @property
+    def active(self) -> bool:
+        """Whether an answer is speculated now (the conversation's request in flight)."""
+        return self._current is not None
+
     def take(self) -> Speculation | None:
         """The speculation for the turn that just ended in its pause (to adopt), if any."""
         current, self._current = self._current, None

@@ -134,6 +134,16 @@ class TurnDetector:
         """Where the current pause began (the end of the last speech window), in samples."""
         return self._speech_end
 
+    @property
+    def turn_start(self) -> int:
+        """Where the current turn's audio begins (its padded start), in samples."""
+        return self._prefix_start
+
+    @property
+    def turn_samples(self) -> int:
+        """How long the current turn's audio is so far (``len(turn_audio())``, without the copy)."""
+        return self._position - self._prefix_start if self.in_speech else 0
+
     def turn_audio(self) -> np.ndarray:
         """The current turn's audio so far, prefix and trailing silence included (a copy)."""
         return np.concatenate(self._turn) if self._turn else np.zeros(0, dtype=np.float32)

@@ -56,9 +56,9 @@ async def test_kept_model_state_is_continued_only_with_the_same_tools() -> None:
         return [{"role": "user", "text": f"question {n}", "audio": None},
                 {"role": "assistant", "text": f"answer {n}", "audio": None}]
 
-    first = state.conversation_for(turn(1)[:1], [weather])
-    assert state.conversation_for([*turn(1), *turn(2)[:1]], [weather]) == first
-    other = state.conversation_for([*turn(1), *turn(2), *turn(3)[:1]], [time_of_day])
+    first = state.conversation_for(turn(1)[:1], [weather])["conversation_id"]
+    assert state.conversation_for([*turn(1), *turn(2)[:1]], [weather])["conversation_id"] == first
+    other = state.conversation_for([*turn(1), *turn(2), *turn(3)[:1]], [time_of_day])["conversation_id"]
     assert other != first
     await state.close()
     assert pipeline.closed_conversations == [first, other]

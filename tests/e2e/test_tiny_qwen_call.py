@@ -1,6 +1,7 @@
 """The tiny Qwen3-Omni preset end to end: the real Qwen3-Omni classes (tiny random weights) answer a
 WebRTC call with speech-level audio, the transcription stage beside them writes down what the user
-said (the session asked for input transcription), and a barge-in clears every stage."""
+said (the session asked for input transcription), the turn is prefilled in pieces while it is
+spoken, and a barge-in clears every stage."""
 
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ async def test_tiny_qwen_answers_and_is_interrupted(server: ServerProcess) -> No
     await call.wait_event("output_audio_buffer.stopped")
     start = next(t for t, s, _ in call.peer.frames if np.abs(s).max() > 0.02)
     assert call.energy_between(start, start + 1.0) > 0.01  # speech-level, not 1e-7 silence
+    # The question (4.7 s) was prefilled in 2 s pieces while it was spoken (prefill_piece_s).
+    assert server.metric("duplex_prefill_pieces_total", {"outcome": "done"}) >= 2
+    assert server.metric("duplex_prefill_pieces_total", {"outcome": "failed"}) == 0
     # The thinker keeps the conversation's state for the next turn (the preset's keep_model_state).
     await eventually(lambda: server.metric("pipeline_conversations_kept", {"stage": "thinker"}) == 1)
     assert server.metric("pipeline_conversation_state_bytes", {"stage": "thinker"}) > 0
