@@ -9,6 +9,8 @@ A turn ends by silence (server_vad) or when the end-of-turn model and the pause 
 finished (semantic_vad, :class:`~duplex.turns.semantic.SemanticTurnJudge`). Under semantic_vad
 the answer begins at each pause, unseen, and is adopted when the turn ends there or aborted when
 the user goes on (:mod:`duplex.session.speculation`); its transcript is the judge's text cue.
+Where the model keeps the conversation's state, the turn is prefilled in pieces while the user
+speaks (:mod:`duplex.session.prefill`), so its end leaves only the last piece to do.
 
 States (:class:`State`): listening → user_speaking → thinking → speaking → listening. While a
 response is active and ``interrupt_response`` is on, barge-in adds a sub-state (``barge_in``).
