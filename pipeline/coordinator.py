@@ -95,7 +95,7 @@ class Coordinator(CoordinatorFaults):
         self.stage_pids: dict[str, int] = {}
         """Stage name -> OS pid of its process (process mode only)."""
         self.conversations = ConversationKeeping(
-            config, self._send, self._cut, self.abort, self.stage_stats
+            config, self._send, self._cut, self.abort, self.stage_stats, lambda rid: rid in self._aborts
         )
         """Kept conversation state: the book, its budget, the stages that keep it."""
 

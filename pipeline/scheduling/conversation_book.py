@@ -138,6 +138,11 @@ class ConversationBook:
         answer = messages[record.covers - 1]
         return isinstance(answer, dict) and answer.get("role") == "assistant"
 
+    def partial(self, cid: str) -> bool:
+        """Whether the conversation's request in flight is a partial turn."""
+        record = self._records.get(cid)
+        return record is not None and record.busy is not None and bool(record.until)
+
     def open_to_undo(self, request: OmniRequest) -> str | None:
         """The request that made the open turn ``request`` abandons (it claims another share of
         it, or none): the stages must undo that turn (an Abort of it that keeps no answer) before

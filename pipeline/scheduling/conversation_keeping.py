@@ -34,6 +34,7 @@ class ConversationKeeping:
         cut: Cut,
         abort: Callable[[str, int | None], Awaitable[None]],
         stage_stats: Callable[[], Awaitable[dict[str, StageStats]]],
+        aborting: Callable[[str], bool],
     ) -> None:
         self.book = ConversationBook()
         self._budgets = {s.name: Budget.from_options(s.options) for s in config.stages}
@@ -43,6 +44,7 @@ class ConversationKeeping:
         self._cut = cut
         self._abort = abort
         self._stage_stats = stage_stats
+        self._aborting = aborting
         self._budget_task: asyncio.Task[None] | None = None
         self._budget_again = False
         self._wait_s = config.stream_idle_timeout_s
@@ -51,17 +53,19 @@ class ConversationKeeping:
     # --- requests -------------------------------------------------------------------------
 
     async def prepare(self, request: OmniRequest) -> None:
-        """Before ``begin``: wait for the conversation's request in flight (a piece of the user's
-        turn prefilled while they spoke, or an answer whose abort is being acknowledged: short,
-        and what this request continues), then undo the open turn this request abandons. One that
-        outlasts the stream timeout is not waited for: the request then keeps nothing (``begin``
-        of a busy conversation)."""
+        """Before ``begin``: wait for the conversation's request in flight where it is about to
+        end (a piece of the user's turn prefilled while they spoke, or a request whose abort is
+        being acknowledged: short, and what this request continues), then undo the open turn this
+        request abandons. Another request in flight, or one that outlasts the stream timeout, is
+        not waited for: this request then keeps nothing (``begin`` of a busy conversation)."""
         cid = request.params.get(SESSION_PARAM)
         if not self._keepers or cid is None:
             return
         try:
             async with asyncio.timeout(self._wait_s):
                 while (busy := self.book.busy_request(str(cid))) is not None:
+                    if not (self.book.partial(str(cid)) or self._aborting(busy)):
+                        return
                     await self._ended.setdefault(busy, asyncio.Event()).wait()
         except TimeoutError:
             log.warning("conversation %s: request %s still runs; request %s keeps nothing",

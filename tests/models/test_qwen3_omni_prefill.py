@@ -8,8 +8,9 @@ construction; pieces of 2 s change the tower's attention span (see preprocess.py
 model still give the same tokens and frames. A turn dropped after some pieces leaves no trace in
 the next answer (the open turn is undone to the state before it, or to nothing); an answer begun
 on an open turn and aborted leaves the open turn as it was. Through the coordinator: a request
-waits for the piece in flight and continues it, an abandoned open turn is undone before the next
-request, and closing frees everything (gauges back to 0).
+waits for the piece in flight (or for the abort of the request before it) and continues it, an
+abandoned open turn is undone before the next request, and closing frees everything (gauges back
+to 0).
 """
 
 from __future__ import annotations
@@ -217,6 +218,22 @@ async def test_pieces_through_the_coordinator_wait_undo_and_free() -> None:
         fresh = await collect(coordinator, OmniRequest("fresh", {"messages": nxt}, {}), timeout=60)
         assert [t for c in again.chunks for t in c.data.get("token_ids", [])] == [
             t for c in fresh.chunks for t in c.data.get("token_ids", [])]
+        # A request that comes while the conversation's last request is being aborted (an answer
+        # the user talked over) waits for the acknowledgement and continues the state from before
+        # it, rather than starting afresh.
+        await coordinator.abort("a2", keep_answer_tokens=0)
+        history = [*nxt, {"role": "assistant", "text": ""}]
+        talked_over = coordinator.stream(OmniRequest("a3", {"messages": [*history, user_turn(0)]},
+                                                      {"conversation_id": "c"}))
+        await anext(talked_over)
+        aborting = asyncio.create_task(coordinator.abort("a3"))
+        while "a3" not in coordinator._aborts:  # its broadcast is out, the acks not yet in
+            await asyncio.sleep(0)
+        await collect(coordinator, OmniRequest("a4", {"messages": [*history, user_turn(2)]},
+                                               {"conversation_id": "c"}), timeout=60)
+        await aborting
+        await talked_over.aclose()
+        assert book._records["c"].resumed and book.last_request("c") == "a4"
         await coordinator.close_conversation("c")
         await wait_clear(coordinator)
         stats = await coordinator.stage_stats()
