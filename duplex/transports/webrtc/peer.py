@@ -3,9 +3,11 @@
 :class:`CallPeer` answers one client's offer (``POST /v1/realtime/calls``) and then carries the
 call's media and events:
 
-- inbound: the client's audio track, decoded by aiortc (Opus: 48 kHz stereo s16), resampled with
-  PyAV to 16 kHz mono float32 (the VAD's and the model's rate) and handed to the listener with
-  its arrival time on the monotonic clock (the decoded frame, after aiortc's jitter buffer);
+- inbound: the client's audio track, decoded by aiortc's decoder on the event loop rather than in
+  its decoder thread (:mod:`~duplex.transports.webrtc.inbound`; Opus: 48 kHz stereo s16),
+  resampled with PyAV to 16 kHz mono float32 (the VAD's and the model's rate) and handed to the
+  listener with its arrival time on the monotonic clock (the decoded frame, after aiortc's jitter
+  buffer);
 - outbound: an :class:`~duplex.media.paced_track.OutboundAudioTrack` (``peer.outbound``), paced 20 ms
   frames the session fills, pauses and flushes; when the call negotiated Opus, the sender gets them
   as Opus packets through an :class:`~duplex.media.paced_track.OpusPacketTrack` (encoded on the
@@ -36,6 +38,7 @@ from aiortc.sdp import SessionDescription
 from duplex.media.paced_track import OpusPacketTrack, OutboundAudioTrack
 from duplex.media.resample import FrameResampler
 from duplex.transports.webrtc.ice import IcePolicy
+from duplex.transports.webrtc.inbound import decode_on_loop
 from duplex.transports.webrtc.sdp import SdpError, plan_answer
 
 EVENTS_CHANNEL = "oai-events"
@@ -155,6 +158,9 @@ class CallPeer:
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self._reader is not None:
             return
+        for receiver in self._pc.getReceivers():
+            if receiver.track is track:
+                decode_on_loop(receiver)
         self._reader = asyncio.create_task(self._read_inbound(track))
 
     async def _read_inbound(self, track: MediaStreamTrack) -> None:
