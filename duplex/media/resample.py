@@ -13,7 +13,9 @@ session; nothing here is shared between sessions.
 from __future__ import annotations
 
 import av
+import av.filter
 import numpy as np
+from av.filter.context import FilterContext
 
 # PyAV's packed sample formats for the two dtypes we carry.
 _AV_FORMATS = {np.dtype(np.float32): "flt", np.dtype(np.int16): "s16"}
@@ -120,33 +122,58 @@ class FrameResampler:
     sample format change in the same call. Its stereo → mono remix sums the channels at -3 dB
     (each times 1/√2), so the output is scaled by 1/√2 again to give the channels' average at
     unity gain, as :class:`Resampler` does; float output cannot clip in between. This is one
-    PyAV call per 20 ms frame instead of a numpy downmix, a new frame and then the resampler
-    (~25 µs a frame instead of ~110 µs here).
+    libswresample call per 20 ms frame instead of a numpy downmix, a new frame and then the
+    resampler.
 
-    State: the resampler's filter history, for the one inbound stream that owns it.
+    The filter graph is the one ``av.AudioResampler`` builds (abuffer → aformat, libswresample
+    inserted between them → abuffersink), driven directly: the resampling filter gives at most
+    one frame per frame pushed (none while its delay swallows a tiny first frame), so one pull
+    follows each push. ``av.AudioResampler`` pulls until the sink raises "try again", an
+    exception that cost half as much as the resampling; driven this way a 20 ms frame takes
+    ~20 µs here instead of ~37 µs, with the same samples (tests/media/test_inbound_resampling.py).
+
+    State: the graph's filter history, for the one inbound stream that owns it.
     """
 
     def __init__(self, rate: int = 16000) -> None:
         self.rate = rate
-        self._source: tuple[int, int] | None = None  # (rate, channels) of the frames so far
-        self._resampler: av.AudioResampler | None = None
+        self._source: tuple[int, str, str] | None = None  # (rate, format, layout) so far
+        self._graph: av.filter.Graph | None = None  # its filters refer to it weakly: kept here
+        self._input: FilterContext | None = None  # the graph's abuffer
+        self._output: FilterContext | None = None  # its abuffersink
         self._gain = np.float32(1.0)  # undoes libswresample's remix gain (_DOWNMIX_GAIN)
 
     def push(self, frame: av.AudioFrame) -> np.ndarray:
-        channels = len(frame.layout.channels)
-        if self._resampler is None or self._source != (frame.sample_rate, channels):
-            self._source = (frame.sample_rate, channels)
-            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=self.rate)
-            self._gain = np.float32(_DOWNMIX_GAIN[channels])
+        source = (frame.sample_rate, frame.format.name, frame.layout.name)
+        if self._source != source:
+            self._source = source
+            self._graph, self._input, self._output = self._new_graph(*source)
+            self._gain = np.float32(_DOWNMIX_GAIN[len(frame.layout.channels)])
+        assert self._input is not None and self._output is not None
         # No pts, as in Resampler.push: a timestamp gap (a lost packet) must not make the filter
         # graph insert or drop samples. The decoded frame is the caller's to change.
         frame.pts = None
-        # The output frames' planes are read in place (PyAV's to_ndarray stacks planes in Python,
-        # which cost more than the resampling); the product is a new array.
-        planes = [np.frombuffer(f.planes[0], np.float32, f.samples)
-                  for f in self._resampler.resample(frame)]
-        data = planes[0] if len(planes) == 1 else np.concatenate(planes or [_NO_SAMPLES])
-        return data * self._gain
+        self._input.push(frame)
+        try:
+            out = self._output.pull()
+        except BlockingIOError:  # the filter's delay took the whole (tiny, first) frame
+            return _NO_SAMPLES
+        # The plane is read in place (PyAV's to_ndarray stacks planes in Python); the product is
+        # a new array.
+        return np.frombuffer(out.planes[0], np.float32, out.samples) * self._gain
+
+    def _new_graph(self, rate: int, sample_format: str,
+                   layout: str) -> tuple[av.filter.Graph, FilterContext, FilterContext]:
+        graph = av.filter.Graph()
+        source = graph.add("abuffer", sample_rate=str(rate), sample_fmt=sample_format,
+                           channel_layout=layout)
+        convert = graph.add("aformat", sample_rates=str(self.rate), sample_fmts="flt",
+                            channel_layouts="mono")
+        sink = graph.add("abuffersink")
+        source.link_to(convert)
+        convert.link_to(sink)
+        graph.configure()
+        return graph, source, sink
 
 
 # What undoes libswresample's remix to mono: its stereo matrix takes each channel at 1/√2.
