@@ -7,21 +7,19 @@ calls) and in each round the same clients call, one after the other:
 - ``server``: ``python -m duplex.serve`` on the toy preset from this checkout;
 - ``baseline`` (with ``--baseline-root DIR``): the same from another checkout, e.g. the code
   before a change, measured in the same run so that a busy machine slows both alike;
-- ``bare``: a bare aiortc peer per call in a process of its own (``--bare-peer`` mode of this
-  module): ``RTCPeerConnection``, aiortc's own silence track (its encoder, its audio-level loop),
-  the inbound track read and dropped. That is aiortc's own floor for one call.
+- ``bare``: a bare aiortc peer per call in a process of its own (``evaluation.bare_peer``):
+  ``RTCPeerConnection``, aiortc's own silence track (its encoder, its audio-level loop), the
+  inbound track read and dropped. That is aiortc's own floor for one call.
 
 CPU comes from /proc (``evaluation.proc_cpu``): per call, of the server's main process (and of its
-main thread and of its other threads: aiortc's decoder threads, the executor that encodes frames),
-of the stage processes, and of the bare peer process. The server's own metrics over the window give
-pacing (outbound frame gaps), underruns and barge-in stop.
+main thread and of its other threads: aiortc's decoder threads, which only wait since the server
+decodes on its loop, and any executor), of the stage processes, and of the bare peer process. The
+server's own metrics over the window give pacing (outbound frame gaps), underruns and barge-in
+stop; ``frames`` counts the gaps observed.
 
-Then, where the main thread's time goes: each server runs once more at one call under cProfile with
-``time.thread_time`` as its clock (CPU of that thread only, so an idle wait costs nothing), switched
-on and off by signals around the same window. A builtin's time (onnxruntime, PyAV, libopus) is
-charged to its callers' categories in proportion; the shares are then scaled to the main thread's
-unprofiled CPU at one call (the profiler's own overhead inflates pure-Python code the most, so the
-shares of such code are upper bounds).
+Then, where the main thread's time goes: each server runs once more at one call under a thread-CPU
+profiler (``evaluation.thread_profile``), switched on and off by signals around the same window,
+and its time is broken down by category, scaled to the main thread's unprofiled CPU at one call.
 
     python -m evaluation.call_cpu [--seconds 15] [--rounds 2] [--calls 1 4 8] [--baseline-root DIR]
 
@@ -34,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import pstats
 import signal
 import subprocess
 import sys
@@ -48,10 +45,9 @@ from typing import Any
 
 import httpx
 import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import AudioStreamTrack, MediaStreamError, MediaStreamTrack
 from prometheus_client.parser import text_string_to_metric_families
 
+from evaluation.bare_peer import BarePeers, bare_peers
 from evaluation.bench_common import (
     ROOT,
     format_table,
@@ -61,9 +57,10 @@ from evaluation.bench_common import (
     save_results,
 )
 from evaluation.proc_cpu import CpuSample
+from evaluation.thread_profile import PROFILED_SERVE, breakdown
 from harness.calls import Call, hang_up, open_call
 from harness.mic import ScriptedMic
-from harness.peers import LOOPBACK, ClientPeer
+from harness.peers import ClientPeer
 from harness.server import ServerProcess, free_port, write_preset
 from harness.speech import speech
 
@@ -73,112 +70,6 @@ QUESTION = "Could you tell me what the weather will be like tomorrow?"
 PAUSE_S = 1.0
 WARMUP_S = 2.0  # after the calls are up, before the window opens
 STARTUP_TIMEOUT_S = 120.0
-
-# Runs duplex.serve with a thread-CPU profiler that SIGUSR1 switches on and SIGUSR2 off (writing
-# the stats to argv[1]). Passed to ``python -c`` so that it runs any checkout's duplex (cwd).
-PROFILED_SERVE = """
-import cProfile, runpy, signal, sys, time
-profile = cProfile.Profile(timer=time.thread_time)
-path = sys.argv[1]
-def stop(*_):
-    profile.disable()
-    profile.dump_stats(path)
-signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
-signal.signal(signal.SIGUSR2, stop)
-sys.argv = ["duplex.serve", *sys.argv[2:]]
-runpy.run_module("duplex.serve", run_name="__main__", alter_sys=True)
-"""
-
-# Where a file's time is charged, by the first of these fragments its path holds.
-CATEGORIES = (
-    ("duplex/turns/", "VAD + turn detection"),
-    ("duplex/media/resample", "inbound resampling"),
-    ("duplex/media/", "outbound track (pacing, Opus packets)"),
-    ("duplex/transports/webrtc", "WebRTC peer (duplex)"),
-    ("duplex/", "session, events, metrics (duplex)"),
-    ("pipeline/", "pipeline client"),
-    ("aiortc/rtcrtpreceiver", "RTP receive + jitter buffer"),
-    ("aiortc/jitterbuffer", "RTP receive + jitter buffer"),
-    ("aiortc/rtcrtpsender", "RTP send"),
-    ("aiortc/rtp.py", "RTP packets (parse, serialise, audio level)"),
-    ("aiortc/codecs", "aiortc codecs (on the loop)"),
-    ("aiortc/rtcdtlstransport", "SRTP + DTLS"),
-    ("aiortc/rtcsctptransport", "SCTP (data channel)"),
-    ("aiortc/", "aiortc other"),
-    ("aioice/", "ICE"),
-    ("asyncio/", "event loop"),
-    ("selectors", "event loop"),
-    ("uvloop", "event loop"),
-    ("/threading.py", "event loop"),
-)
-
-
-def category(filename: str) -> str:
-    for fragment, name in CATEGORIES:
-        if fragment in filename:
-            return name
-    return OTHER
-
-
-# --- the bare aiortc peer process ------------------------------------------------------------
-
-
-async def _bare_peer_serve() -> None:
-    """One line of JSON {"sdp": offer} in on stdin, one line {"sdp": answer} out, per call."""
-    loop = asyncio.get_running_loop()
-    peers: list[RTCPeerConnection] = []
-    readers: list[asyncio.Task[None]] = []
-
-    async def drain(track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                await track.recv()
-            except MediaStreamError:
-                return
-
-    while line := await loop.run_in_executor(None, sys.stdin.readline):
-        offer = json.loads(line)["sdp"]
-        pc = RTCPeerConnection(LOOPBACK.configuration())
-        pc.on("track", lambda track: readers.append(asyncio.create_task(drain(track))))
-        await pc.setRemoteDescription(RTCSessionDescription(LOOPBACK.filter_candidates(offer), "offer"))
-        pc.addTrack(AudioStreamTrack())
-        LOOPBACK.restrict(pc)
-        await pc.setLocalDescription(await pc.createAnswer())
-        peers.append(pc)
-        print(json.dumps({"sdp": pc.localDescription.sdp}), flush=True)
-    for pc in peers:
-        await pc.close()
-
-
-class BarePeers:
-    """The bare-peer process, answering offers as ``ClientPeer.connect`` asks (``answer``)."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.pid = process.pid
-
-    async def answer(self, offer_sdp: str) -> str:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write((json.dumps({"sdp": offer_sdp}) + "\n").encode())
-        await self.process.stdin.drain()
-        return json.loads(await self.process.stdout.readline())["sdp"]
-
-
-@asynccontextmanager
-async def bare_peers() -> AsyncIterator[BarePeers]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "evaluation.call_cpu", "--bare-peer", cwd=ROOT,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        yield BarePeers(process)
-    finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), 20)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
 
 
 # --- servers ---------------------------------------------------------------------------------
@@ -353,50 +244,6 @@ async def measure_bare(peers: BarePeers, calls: int, seconds: float,
 # --- the profile -----------------------------------------------------------------------------
 
 
-OTHER = "other (uvicorn, HTTP, prometheus, ...)"
-LOOP = "event loop"
-
-
-def _shares(stats: dict[Any, Any], key: Any, seen: frozenset[Any] = frozenset()) -> dict[str, float]:
-    """Which categories a function's own time belongs to: its file's, or, for a builtin or a
-    library outside the categories (onnxruntime's wrapper, numpy, PyAV), its callers' in
-    proportion to what each caller spent in it. Code the event loop calls directly stays
-    ``OTHER``: a callback is not the loop's own work."""
-    filename = key[0]
-    own = category(filename) if filename != "~" else OTHER
-    callers = stats[key][4]
-    if own != OTHER or not callers or key in seen:
-        return {own: 1.0}
-    total = sum(edge[3] for edge in callers.values()) or 1.0
-    shares: dict[str, float] = defaultdict(float)
-    for caller, edge in callers.items():
-        for name, part in _shares(stats, caller, seen | {key}).items():
-            shares[OTHER if name == LOOP else name] += part * edge[3] / total
-    return shares
-
-
-def breakdown(stats_path: Path, main_thread_percent: float) -> dict[str, Any]:
-    """The profile's own time by category (percent of a core, scaled to ``main_thread_percent``)
-    and its top functions by own time."""
-    stats = pstats.Stats(str(stats_path)).stats  # type: ignore[attr-defined]
-    charged: dict[str, float] = defaultdict(float)
-    functions: dict[str, float] = defaultdict(float)
-    for key, (_, _, own, _, _) in stats.items():
-        filename, line, name = key
-        functions[name if filename == "~" else f"{Path(filename).name}:{line}({name})"] += own
-        for cat, part in _shares(stats, key).items():
-            charged[cat] += own * part
-    whole = sum(charged.values()) or 1.0
-    scale = main_thread_percent / whole
-    top = sorted(functions.items(), key=lambda kv: -kv[1])[:15]
-    return {
-        "profiled_cpu_s": round(whole, 2),
-        "categories_percent_of_a_core": {k: round(v * scale, 2) for k, v in
-                                         sorted(charged.items(), key=lambda kv: -kv[1])},
-        "top_functions_percent_of_a_core": {k: round(v * scale, 2) for k, v in top},
-    }
-
-
 async def profile_one_call(root: Path, tmp: Path, seconds: float, question: np.ndarray,
                            main_thread_percent: float) -> dict[str, Any]:
     stats_path = tmp / f"profile-{free_port()}.prof"
@@ -566,11 +413,7 @@ def main() -> None:
     parser.add_argument("--baseline-root", help="another checkout to measure beside this one")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="skip the profiled runs")
-    parser.add_argument("--bare-peer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.bare_peer:
-        asyncio.run(_bare_peer_serve())
-        return
     run_in_loopback_namespace("evaluation.call_cpu")
     result = asyncio.run(run(args))
     _print(result)
