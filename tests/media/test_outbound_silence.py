@@ -9,23 +9,12 @@ import pytest
 
 from duplex.media.paced_track import (
     FRAME_SAMPLES,
-    FRAME_SECONDS,
     OpusPacketTrack,
     OutboundAudioTrack,
 )
 from duplex.media.pcm import float_to_pcm16
 from harness.speech import speech
-
-
-class StepClock:
-    """Half a frame per reading: recv reads the clock twice a frame, so it never waits."""
-
-    def __init__(self) -> None:
-        self.readings = 0
-
-    def __call__(self) -> float:
-        self.readings += 1
-        return self.readings * (FRAME_SECONDS / 2)
+from tests.duplex.test_media_cpu_paths import StepClock
 
 
 @pytest.mark.parametrize("channels", [1, 2])

@@ -323,7 +323,10 @@ def test_talker_chunks_say_what_they_voiced(staged: Staged) -> None:
 
 
 def gauge(name: str, stage: str) -> float:
-    return REGISTRY.get_sample_value(name, {"stage": stage}) or 0.0
+    """A stage's gauge; one that is not exported fails (it must not read as an idle zero)."""
+    value = REGISTRY.get_sample_value(name, {"stage": stage})
+    assert value is not None, f"{name}{{stage={stage!r}}} is not exported"
+    return value
 
 
 class Talk:
@@ -358,6 +361,7 @@ async def test_eviction_rebuild_and_close_through_the_coordinator(mode: str) -> 
         assert set(stats["thinker"].conversations) == {"e"}
         assert gauge("pipeline_conversations_kept", "thinker") == 1
         assert gauge("pipeline_conversation_state_bytes", "thinker") > 0
+        assert gauge("pipeline_conversation_state_bytes", "talker") > 0  # its user rows' KV
         # Conversation b's turn pushes the total over budget: e (least recently used) is evicted.
         await Talk(coordinator, "b").turn(0)
         await coordinator.conversations.enforce_budget()
@@ -376,12 +380,18 @@ async def test_eviction_rebuild_and_close_through_the_coordinator(mode: str) -> 
             assert tokens == tokens2
             assert np.array_equal(audio, audio2)
         await coordinator.close_conversation("k")
-        # Stages report a request's release with their next stats, after its end reached the
-        # coordinator: wait for that, then nothing may be held.
-        await wait_clear(coordinator)
-        stats = await coordinator.stage_stats()
-        assert_no_live_state(stats)
-        assert all(not s.conversations for s in stats.values())
-        assert gauge("pipeline_conversations_kept", "thinker") == 0
-        assert gauge("pipeline_conversation_state_bytes", "thinker") == 0
-        assert gauge("pipeline_stage_live_requests", "thinker") == 0
+        await assert_all_freed(coordinator)
+
+
+async def assert_all_freed(coordinator: Any) -> None:
+    """Every conversation closed: no stage holds a request or a conversation, and the gauges say so.
+    Stages report a request's release with their next stats, after its end reached the
+    coordinator: wait for that, then nothing may be held."""
+    await wait_clear(coordinator)
+    stats = await coordinator.stage_stats()
+    assert_no_live_state(stats)
+    assert all(not s.conversations for s in stats.values())
+    for stage in ("thinker", "talker"):
+        assert gauge("pipeline_conversations_kept", stage) == 0
+        assert gauge("pipeline_conversation_state_bytes", stage) == 0
+        assert gauge("pipeline_stage_live_requests", stage) == 0

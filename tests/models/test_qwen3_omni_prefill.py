@@ -29,11 +29,11 @@ from tests.models.staged import Result, Staged
 from tests.models.test_qwen3_omni_conversation import (
     CONFIG,
     Conversation,
+    assert_all_freed,
     assert_same,
-    gauge,
     user_turn,
 )
-from tests.pipeline.helpers import assert_no_live_state, collect, running, wait_clear
+from tests.pipeline.helpers import collect, running
 
 RATE = 16000
 LONG = ("I would like to plan a short trip to the mountains this weekend with my family and our "
@@ -59,10 +59,21 @@ class Spoken(Conversation):
             return prefill(slot)
 
         thinker._prefill = recording
+        self.talker_takes: list[tuple[int, int]] = []  # (user rows the talker reused, rows given)
+        rows = staged.runners["talker"].rows
+        take = rows.take
+
+        def taking(cid: str, given: Any) -> Any:
+            cache, n = take(cid, given)
+            self.talker_takes.append((n, given.shape[0]))
+            return cache, n
+
+        rows.take = taking
 
     def close(self) -> None:
-        del self.staged.runners["thinker"]._prefill
-        self.staged.schedulers["thinker"].drop_conversation(self.cid, None)
+        del self.staged.runners["thinker"]._prefill, self.staged.runners["talker"].rows.take
+        for stage in ("thinker", "talker"):
+            self.staged.schedulers[stage].drop_conversation(self.cid, None)
 
     def _submit(self, messages: list[dict[str, Any]], **params: Any) -> tuple[str, Result]:
         rid = f"{self.cid}-{self._n}"
@@ -125,6 +136,13 @@ def test_a_turn_answered_from_its_pieces_equals_generate(staged: Staged, referen
         # turn's end, not the turn: its pieces had.
         assert conv.prefilled[-1] <= 13 * (len(turn["audio"]) / RATE - held) + 12
         assert sum(conv.prefilled[1:-1]) >= 13 * held
+        # So did the talker: the first answer's user rows, then each piece's, went into its
+        # cache, and each request after reused every row of the one before.
+        takes = conv.talker_takes
+        assert len(takes) == 2 + 8 // piece_s and takes[0][0] == 0
+        assert all(n == before for (n, _), (_, before) in zip(takes[1:], takes[:-1]))
+        reused, rows = takes[-1]
+        assert rows - reused <= 13 * (len(turn["audio"]) / RATE - held) + 12
     finally:
         conv.close()
 
@@ -235,9 +253,4 @@ async def test_pieces_through_the_coordinator_wait_undo_and_free() -> None:
         await talked_over.aclose()
         assert book._records["c"].resumed and book.last_request("c") == "a4"
         await coordinator.close_conversation("c")
-        await wait_clear(coordinator)
-        stats = await coordinator.stage_stats()
-        assert_no_live_state(stats)
-        assert all(not s.conversations for s in stats.values())
-        assert gauge("pipeline_conversation_state_bytes", "thinker") == 0
-        assert gauge("pipeline_stage_live_requests", "thinker") == 0
+        await assert_all_freed(coordinator)

@@ -35,7 +35,9 @@ Per-request state (TalkerState in ``ARSlot.state``; KV in the runner's KVPool) l
 A request of a conversation (``params["conversation"]``, set by the coordinator) gives back, at its
 release, the KV of the user rows it prefilled, and the conversation's next request prefills only
 the user rows after the longest prefix it shares with them (``talker_rows.py``: a cache, dropped
-with the conversation; a ``ConversationCache`` to the scheduler).
+with the conversation; a ``ConversationCache`` to the scheduler). A piece of a user turn
+prefilled while it is spoken (a partial request: the thinker's final data carries the user rows
+so far) prefills those rows alone, so the answer finds them there too.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from pipeline.models.qwen3_omni.sampling import Sampling, SamplingParams, pick_r
 from pipeline.models.qwen3_omni.talker_rows import UserRowsCache
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
-from pipeline.scheduling.conversation_book import Budget
+from pipeline.scheduling.conversation_book import Budget, partial_until
 from pipeline.scheduling.conversations import conversation_of
 
 
@@ -79,6 +81,8 @@ class TalkerState:
     past_hidden: torch.Tensor | None = None
     position: int = 0
     frames: int = 0
+    partial: bool = False
+    """A piece of a user turn (``prefill_until_s``): its user rows are cached, nothing voiced."""
     conversation: str | None = None
     user_rows: torch.Tensor | None = None
     """The user rows prefilled (CPU), from the prefill on: kept for the conversation's next request."""
@@ -173,6 +177,7 @@ class Talker:
             speaker=speaker,
             sampling=Sampling(sampling, self.device),
             predictor_sampling=Sampling(predictor, self.device),
+            partial=bool(partial_until(params)),
             conversation=None if conversation is None else conversation.id,
         )
 
@@ -199,6 +204,8 @@ class Talker:
         st: TalkerState = slot.state
         if st.total is None:
             st.total = len(st.texts)
+        if st.partial and "user_embeds" in payload.data:
+            st.prompt = {k: payload.data[k] for k in ("user_embeds", "user_mm")}
 
     def runnable(self, slot: ARSlot) -> bool:
         st: TalkerState = slot.state
@@ -220,7 +227,9 @@ class Talker:
         decoding = []
         for slot in slots:
             st: TalkerState = slot.state
-            if st.speaker is None or self._silent(st):
+            if st.partial:
+                results[slot.request_id] = self._prefill_rows(slot)
+            elif st.speaker is None or self._silent(st):
                 results[slot.request_id] = ARStepResult(None, finished=True)
             elif st.past_hidden is None:
                 results[slot.request_id] = self._prefill(slot)
@@ -287,17 +296,8 @@ class Talker:
     def _prefill(self, slot: ARSlot) -> ARStepResult:
         st: TalkerState = slot.state
         prompt = st.prompt
-        rows = prompt["user_embeds"]
-        cache, start = None, 0
-        if st.conversation is not None:
-            cache, start = self.rows.take(st.conversation, rows)
-            st.user_rows = rows
-        user = rows[start:].to(self.device, self.model.dtype)
-        mm = prompt["user_mm"][start:].to(self.device)
-        user_part = user.new_empty(user.shape[0], self.text_config.hidden_size)
-        if mm.any():
-            user_part[mm] = self.model.hidden_projection(user[mm])
-        user_part[~mm] = self.model.text_projection(user[~mm])
+        cache, start = self._kept_rows(st)
+        user_part = self._user_part(prompt["user_embeds"][start:], prompt["user_mm"][start:])
         st.tts = self._project(prompt["tts_embeds"])
         tts_bos, tts_pad = st.tts[0], st.tts[2]
         head = self._project(torch.cat([prompt["assistant_embeds"][:3], st.texts[0][None]]))
@@ -308,21 +308,55 @@ class Talker:
         codec_part = torch.cat(
             [text_part.new_zeros(3, text_part.shape[1]), self.model.get_input_embeddings()(specials)]
         )
-        embeds = torch.cat([user_part, text_part + codec_part])[None]
-        length = start + embeds.shape[1]
-        cache = DynamicCache(config=self.text_config) if cache is None else cache
+        out = self._forward(torch.cat([user_part, text_part + codec_part]), start, cache)
+        st.prompt = None
+        self.pool.add(slot.request_id, cache)
+        st.position = cache.get_seq_length()
+        return ARStepResult(None, finished=self._advance([slot], out.last_hidden_state)[0])
+
+    def _prefill_rows(self, slot: ARSlot) -> ARStepResult:
+        """A piece of a user turn prefilled while it is spoken (a partial request): the
+        conversation's user rows so far go into its cache for the answer; nothing is voiced."""
+        st: TalkerState = slot.state
+        if st.conversation is not None and st.prompt is not None:
+            cache, start = self._kept_rows(st)
+            rows = st.prompt["user_embeds"]
+            if start < rows.shape[0]:
+                self._forward(self._user_part(rows[start:], st.prompt["user_mm"][start:]), start, cache)
+            self.pool.add(slot.request_id, cache)
+            st.prompt = None
+        return ARStepResult(None, finished=True)
+
+    def _kept_rows(self, st: TalkerState) -> tuple[DynamicCache, int]:
+        """The cache to prefill the request's prompt into, and the user rows it already holds."""
+        cache, start = None, 0
+        if st.conversation is not None:
+            rows = st.prompt["user_embeds"]
+            cache, start = self.rows.take(st.conversation, rows)
+            st.user_rows = rows
+        return (DynamicCache(config=self.text_config) if cache is None else cache), start
+
+    def _user_part(self, user_embeds: torch.Tensor, user_mm: torch.Tensor) -> torch.Tensor:
+        """The talker's input rows for user rows: projected hidden states at audio, text elsewhere."""
+        user = user_embeds.to(self.device, self.model.dtype)
+        mm = user_mm.to(self.device)
+        user_part = user.new_empty(user.shape[0], self.text_config.hidden_size)
+        if mm.any():
+            user_part[mm] = self.model.hidden_projection(user[mm])
+        user_part[~mm] = self.model.text_projection(user[~mm])
+        return user_part
+
+    def _forward(self, embeds: torch.Tensor, start: int, cache: DynamicCache) -> Any:
+        """The talker over ``embeds`` [rows, hidden] at the positions after ``start`` cached rows."""
+        length = start + embeds.shape[0]
         positions = torch.arange(start, length, device=self.device)
-        out = self.model.model(
-            inputs_embeds=embeds,
+        return self.model.model(
+            inputs_embeds=embeds[None],
             position_ids=positions.view(1, 1, -1).expand(4, 1, -1),
             attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
             cache=cache,
             use_cache=True,
         )
-        st.prompt = None
-        self.pool.add(slot.request_id, cache)
-        st.position = length
-        return ARStepResult(None, finished=self._advance([slot], out.last_hidden_state)[0])
 
     def _decode(self, slots: list[ARSlot]) -> dict[str, ARStepResult]:
         states: list[TalkerState] = [s.state for s in slots]

@@ -35,8 +35,9 @@ fresh request over the whole history, so the same answer.
 
 A turn prefilled while the user speaks (``conversation_book.py``): a partial request
 (``params["prefill_until_s"]``) prefills its piece of the user's turn, samples nothing and ends at
-once; its kept state is open (``kept.py``), and the next request continues inside that turn (no
-``<|im_end|>`` joins them).
+once, its final data carrying the conversation's user rows so far for the talker; its kept state
+is open (``kept.py``), and the next request continues inside that turn (no ``<|im_end|>`` joins
+them).
 """
 
 from __future__ import annotations
@@ -256,6 +257,8 @@ class Thinker:
             # The bytes of an unfinished character, then whatever was held back or left open.
             last = st.calls.feed(self.token_text.flush(context)).then(st.calls.close())
             data["parsed"] = last.as_data()
+        if st.partial and st.user_embeds is not None:  # the talker caches the user rows so far
+            data["user_embeds"], data["user_mm"] = st.user_embeds, st.user_mm
         return data
 
     def release(self, slot: ARSlot) -> None:
