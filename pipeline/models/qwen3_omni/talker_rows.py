@@ -21,7 +21,6 @@ first; an entry over the per-conversation budget is not kept).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +36,6 @@ class _Entry:
     """The user rows the KV holds [U, thinker hidden] (CPU)."""
     cache: DynamicCache
     nbytes: int
-    used: int
 
 
 def shared_rows(kept: torch.Tensor, rows: torch.Tensor) -> int:
@@ -52,8 +50,7 @@ def shared_rows(kept: torch.Tensor, rows: torch.Tensor) -> int:
 class UserRowsCache:
     def __init__(self, budget: Budget) -> None:
         self._budget = budget
-        self._entries: dict[str, _Entry] = {}
-        self._clock = itertools.count(1)
+        self._entries: dict[str, _Entry] = {}  # least recently kept first (put re-inserts)
 
     def take(self, conversation_id: str, rows: torch.Tensor) -> tuple[DynamicCache | None, int]:
         """The KV of the longest prefix of ``rows`` the conversation's entry holds, cropped to it,
@@ -73,14 +70,12 @@ class UserRowsCache:
         self._entries.pop(conversation_id, None)
         if nbytes > self._budget.max_bytes_per_conversation:
             return
-        self._entries[conversation_id] = _Entry(rows, cache, nbytes, next(self._clock))
-        by_use = sorted(self._entries.items(), key=lambda item: item[1].used)
+        self._entries[conversation_id] = _Entry(rows, cache, nbytes)
         total = sum(e.nbytes for e in self._entries.values())
-        for cid, entry in by_use:
+        for cid in list(self._entries):
             if total <= self._budget.max_bytes:
                 break
-            del self._entries[cid]
-            total -= entry.nbytes
+            total -= self._entries.pop(cid).nbytes
 
     def drop(self, conversation_id: str) -> None:
         self._entries.pop(conversation_id, None)
