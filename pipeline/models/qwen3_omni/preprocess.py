@@ -93,8 +93,7 @@ class Preprocessor:
         self.n_window = config.thinker_config.audio_config.n_window
         self.speakers = dict(config.talker_config.speaker_id or {})
         self.max_audio_s = float(ctx.stage.options.get("max_audio_seconds", 120.0))
-        self.frames_per_s = self.features.sampling_rate // self.features.hop_length
-        if self.frames_per_s % (2 * self.n_window):
+        if (self.features.sampling_rate // self.features.hop_length) % (2 * self.n_window):
             raise ValueError("the audio tower's convolution chunks do not fit in whole seconds")
 
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:

@@ -297,7 +297,7 @@ class Talker:
         st: TalkerState = slot.state
         prompt = st.prompt
         cache, start = self._kept_rows(st)
-        user_part = self._user_part(prompt["user_embeds"][start:], prompt["user_mm"][start:])
+        user_part = self._user_part(prompt, start)
         st.tts = self._project(prompt["tts_embeds"])
         tts_bos, tts_pad = st.tts[0], st.tts[2]
         head = self._project(torch.cat([prompt["assistant_embeds"][:3], st.texts[0][None]]))
@@ -320,15 +320,15 @@ class Talker:
         st: TalkerState = slot.state
         if st.conversation is not None and st.prompt is not None:
             cache, start = self._kept_rows(st)
-            rows = st.prompt["user_embeds"]
-            if start < rows.shape[0]:
-                self._forward(self._user_part(rows[start:], st.prompt["user_mm"][start:]), start, cache)
+            if start < st.prompt["user_embeds"].shape[0]:
+                self._forward(self._user_part(st.prompt, start), start, cache)
             self.pool.add(slot.request_id, cache)
             st.prompt = None
         return ARStepResult(None, finished=True)
 
     def _kept_rows(self, st: TalkerState) -> tuple[DynamicCache, int]:
-        """The cache to prefill the request's prompt into, and the user rows it already holds."""
+        """The cache to prefill the request's prompt into, and the user rows it already holds; a
+        request of a conversation notes its user rows (``user_rows``), kept at its release."""
         cache, start = None, 0
         if st.conversation is not None:
             rows = st.prompt["user_embeds"]
@@ -336,10 +336,11 @@ class Talker:
             st.user_rows = rows
         return (DynamicCache(config=self.text_config) if cache is None else cache), start
 
-    def _user_part(self, user_embeds: torch.Tensor, user_mm: torch.Tensor) -> torch.Tensor:
-        """The talker's input rows for user rows: projected hidden states at audio, text elsewhere."""
-        user = user_embeds.to(self.device, self.model.dtype)
-        mm = user_mm.to(self.device)
+    def _user_part(self, prompt: dict[str, torch.Tensor], start: int) -> torch.Tensor:
+        """The talker's input rows for the prompt's user rows from ``start`` on: projected hidden
+        states at audio rows, projected text embeddings elsewhere."""
+        user = prompt["user_embeds"][start:].to(self.device, self.model.dtype)
+        mm = prompt["user_mm"][start:].to(self.device)
         user_part = user.new_empty(user.shape[0], self.text_config.hidden_size)
         if mm.any():
             user_part[mm] = self.model.hidden_projection(user[mm])
