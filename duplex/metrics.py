@@ -61,3 +61,9 @@ BACKCHANNELS_TOTAL = Counter(
 for _transport in TRANSPORTS:
     SESSIONS_ACTIVE.labels(_transport)
     SESSIONS_TOTAL.labels(_transport)
+EVENT_LOOP_LAG_SECONDS = Histogram(
+    "duplex_event_loop_lag_seconds",
+    "How late a 100 ms timer fires on the server's event loop (what any client input or work on "
+    "the loop delays every call's audio by)",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+)

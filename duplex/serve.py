@@ -25,6 +25,7 @@ from duplex.api.errors import HANDLERS
 from duplex.api.realtime_ws import CLOSE_POLICY_VIOLATION
 from duplex.app_state import AppState
 from duplex.logs import setup_logging
+from duplex.loop_lag import sample_lag
 from duplex.origin_guard import OriginGuard
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, load_preset
@@ -90,6 +91,7 @@ def _sip_server(state: AppState) -> SipServer | None:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: AppState = app.state.duplex
     loader = asyncio.create_task(_load_pipeline(state))
+    lag = asyncio.create_task(sample_lag())
     sip = _sip_server(state)
     if sip is not None:
         await sip.start()
@@ -102,7 +104,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await sip.close()
         await state.registry.close_all()
         loader.cancel()
-        await asyncio.gather(loader, return_exceptions=True)
+        lag.cancel()
+        await asyncio.gather(loader, lag, return_exceptions=True)
         if state.pipeline is not None:
             await state.pipeline.close()
 

@@ -76,6 +76,15 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_key: str | None = None
+    # Twilio's account auth token: Twilio's request signature (X-Twilio-Signature) is checked on
+    # the voice webhook and on the media stream's handshake (duplex/api/twilio.py).
+    twilio_auth_token: str | None = None
+    # Proxies whose X-Forwarded-For / Forwarded headers name the client address that per-address
+    # limits use (uvicorn's meaning: comma-separated addresses or networks, "*" for any).
+    forwarded_allow_ips: str | None = None
+    # Host names (the Host header) the server answers besides loopback names and --host: a page
+    # whose name was rebound to this server's address sends its own name and is refused.
+    allowed_host: list[str] = Field(default_factory=list)
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     ice_server: list[str] = Field(default_factory=list)
@@ -121,6 +130,9 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "host": {},
     "port": {"type": int},
     "api_key": {},
+    "twilio_auth_token": {},
+    "forwarded_allow_ips": {},
+    "allowed_host": {"nargs": "+", "action": "extend"},
     "ssl_certfile": {},
     "ssl_keyfile": {},
     "ice_server": {"nargs": "+", "action": "extend"},
