@@ -123,10 +123,11 @@ class SpeakingSession:
 
 
 @asynccontextmanager
-async def speaking_session(server: ServerProcess) -> AsyncIterator[SpeakingSession]:
+async def speaking_session(server: ServerProcess, api_key: str | None = None) -> AsyncIterator[SpeakingSession]:
     """A connected session past ``session.created``; closed (and its reader ended) on exit."""
     url = server.url.replace("http", "ws", 1) + "/v1/realtime?model=gpt-realtime"
-    async with connect(url, max_size=None) as ws:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with connect(url, max_size=None, additional_headers=headers) as ws:
         session = SpeakingSession(ws)
         try:
             await session.wait(lambda: session.counts["session.created"])
