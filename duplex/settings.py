@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from duplex.protocol.voices import OPENAI_VOICES
 from duplex.session.config import SessionConfig
 from duplex.turns.config import TurnDetection
+from duplex.turns.end_of_turn import ModelNotInstalled, require_model
 from pipeline.config import ConfigError, PipelineConfig, parse_pipeline_config, read_yaml
 
 CONFIGS_DIR = Path(__file__).parent / "presets"  # the repository's configs/, linked (package data)
@@ -202,4 +203,8 @@ def load_preset(argv: list[str] | None = None, environ: dict[str, str] | None = 
     except ValidationError as err:
         lines = [f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
         raise ConfigError("\n".join(lines)) from None
+    try:
+        require_model(settings.session.turn_detection.type)
+    except ModelNotInstalled as err:
+        raise ConfigError(f"{path}: session.turn_detection: {err}") from None
     return Preset(settings, pipeline, description)

@@ -46,23 +46,31 @@ export function audioConstraints({ deviceId, echoCancellation, noiseSuppression,
 }
 
 /**
- * The `session.update` for the settings form. Empty instructions or voice leave the server's own;
- * turn detection is server_vad (a silence ends the turn) or semantic_vad (the server judges when
- * the user has finished), always with answers and barge-in on, since this is a voice chat.
+ * The `session.update` for the settings form. Empty instructions or voice leave the server's own,
+ * and so does an empty turn detection: the server's choice, from its `session.created` (semantic
+ * where its model reads the user's words, so a pause inside a sentence is not answered). Chosen,
+ * it is server_vad (a silence ends the turn) or semantic_vad (the server judges when the user has
+ * finished), always with answers and barge-in on, since this is a voice chat.
  */
 export function sessionUpdate({
-  instructions, voice, turnDetection = 'server_vad', eagerness = 'auto', vadThreshold, silenceDurationMs,
+  instructions, voice, turnDetection = '', eagerness = 'auto', vadThreshold, silenceDurationMs,
 }) {
-  const turns = turnDetection === 'semantic_vad'
-    ? { type: 'semantic_vad', eagerness }
-    : { type: 'server_vad', threshold: vadThreshold, silence_duration_ms: silenceDurationMs };
-  const session = {
-    type: 'realtime',
-    audio: { input: { turn_detection: { ...turns, create_response: true, interrupt_response: true } } },
-  };
+  const session = { type: 'realtime' };
+  const turns = chosenTurnDetection({ turnDetection, eagerness, vadThreshold, silenceDurationMs });
+  if (turns) session.audio = { input: { turn_detection: turns } };
   if (instructions.trim()) session.instructions = instructions.trim();
-  if (voice.trim()) session.audio.output = { voice: voice.trim() };
+  if (voice.trim()) session.audio = { ...session.audio, output: { voice: voice.trim() } };
   return { type: 'session.update', session };
+}
+
+/** The turn detection the user chose in the form, or null to keep the server's. */
+function chosenTurnDetection({ turnDetection, eagerness, vadThreshold, silenceDurationMs }) {
+  const on = { create_response: true, interrupt_response: true };
+  if (turnDetection === 'semantic_vad') return { type: 'semantic_vad', eagerness, ...on };
+  if (turnDetection === 'server_vad') {
+    return { type: 'server_vad', threshold: vadThreshold, silence_duration_ms: silenceDurationMs, ...on };
+  }
+  return null;
 }
 
 /** The message of an OpenAI-style error body, or a short plain-text body; null otherwise. */

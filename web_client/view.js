@@ -29,7 +29,21 @@ const STATUS_NOTES = {
   incomplete: 'stopped at the length limit',
 };
 
+// How the session ends a turn, for the settings' "server's choice" (from session.created/updated).
+const TURN_LABELS = {
+  server_vad: 'after a silence',
+  semantic_vad: 'when I have finished',
+  manual: 'manual',
+};
+
 const formatMs = (ms) => (ms === null ? '–' : `${Math.round(ms)} ms`);
+
+/** The "server's choice" option's text: what the session does now, once the server has said. */
+export function serverTurnsText(session) {
+  const detection = session?.audio?.input?.turn_detection;
+  const label = TURN_LABELS[detection === null ? 'manual' : detection?.type];
+  return label ? `The server's choice: ${label}` : "The server's choice";
+}
 
 export function createView(doc) {
   const root = doc.documentElement;
@@ -38,6 +52,7 @@ export function createView(doc) {
   const hangupButton = $('hangup');
   const errorBox = $('error');
   const transcript = $('transcript');
+  const serverTurns = $('turn-detection-server');
   const entries = new Map(); // item id -> {li, text, meta, item, latencyMs}
   let shown = null;
 
@@ -133,6 +148,8 @@ export function createView(doc) {
     $('latency-count').textContent = `${latency.count} turn${latency.count === 1 ? '' : 's'}`;
 
     drawTranscript(state);
+    const turns = serverTurnsText(state.session);
+    if (serverTurns.textContent !== turns) serverTurns.textContent = turns;
     shown = state;
   }
 

@@ -20,6 +20,7 @@ from duplex.protocol.fields import (
     tools,
 )
 from duplex.session.config import SessionConfig
+from duplex.turns import end_of_turn
 from duplex.turns.config import TurnDetection, TurnDetectionError
 
 AUDIO_FORMATS = {"audio/pcm", "audio/pcmu", "audio/pcma"}
@@ -31,9 +32,12 @@ INCLUDE = ("item.input_audio_transcription.logprobs",)
 # accepted so that clients sending them are not refused.
 IGNORED_TURN_KEYS = {"idle_timeout_ms"}
 
+
 def turn_detection(raw: Any, current: TurnDetection | None,
                    param: str = TURN_DETECTION) -> TurnDetection | None:
-    """server_vad or semantic_vad (TurnDetection checks types and ranges), or None: manual turns."""
+    """server_vad or semantic_vad (TurnDetection checks types and ranges), or None: manual turns.
+    semantic_vad is refused, naming the package to install, where its end-of-turn model is missing.
+    """
     if raw is None:
         return None
     expect(raw, dict, param)
@@ -43,9 +47,14 @@ def turn_detection(raw: Any, current: TurnDetection | None,
                             param=f"{param}.{unknown[0]}")
     fields = {k: v for k, v in raw.items() if k not in IGNORED_TURN_KEYS}
     try:
-        return replace(current or TurnDetection(), **{"type": "server_vad", **fields})
+        td = replace(current or TurnDetection(), **{"type": "server_vad", **fields})
     except TurnDetectionError as err:
         raise RealtimeError(str(err), param=f"{param}.{err.field}") from None
+    try:
+        end_of_turn.require_model(td.type)
+    except end_of_turn.ModelNotInstalled as err:
+        raise RealtimeError(str(err), code="model_not_installed", param=param) from None
+    return td
 
 
 def audio_format(raw: Any, param: str) -> str:

@@ -41,7 +41,9 @@ turn; the pitch cue ~2 ms. Call it only at pauses, never per window, and off the
 State: none per session. The ONNX session and the feature extractor are loaded once per process
 (:func:`shared_model`) and shared by every session and thread (``InferenceSession.run`` is
 thread-safe; the extractor keeps only constants). Nothing is downloaded: the weights come from
-the installed wheel (``pip install --no-deps pipecat-ai``; we import none of its code).
+the installed ``pipecat-ai`` wheel (``pip install --no-deps pipecat-ai``; we import none of its
+code). Where it is missing, :func:`require_model` says which package to install, and a preset or a
+``session.update`` that asks for semantic_vad is refused with that message.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ SAMPLE_RATE = 16000
 WINDOW_S = 8  # the model's input: the last 8 s of the turn
 _DISTRIBUTION = "pipecat-ai"
 _MODEL_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+# Weights only: none of pipecat's code or dependencies is used (pyproject.toml's offline extra).
+_INSTALL = f"pip install --no-deps {_DISTRIBUTION}==1.14.0"
 
 W_MODEL = 0.25  # prior (see module doc)
 W_TEXT = 1.27  # fitted (module doc) over the pauses whose words read as finished sentences
@@ -112,21 +116,30 @@ class ModelNotInstalled(RuntimeError):
 
 
 def model_path() -> Path:
-    """Where the installed ``pipecat-ai`` wheel keeps smart-turn v3.2's ONNX file.
+    """Where the installed ``pipecat-ai`` wheel keeps smart-turn v3.2's ONNX file; raises
+    :class:`ModelNotInstalled`, naming the package to install, where it is missing.
 
     Found through the distribution's file list rather than ``importlib.resources``: that would
-    import the ``pipecat`` package, whose ``__init__`` needs dependencies we do not install.
+    import the ``pipecat`` package and its dependencies, none of which we use.
     """
+    needs = f"semantic_vad needs its end-of-turn model, smart-turn v3.2, from {_DISTRIBUTION}"
     try:
         distribution = importlib.metadata.distribution(_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError as exc:
-        raise ModelNotInstalled(
-            f"the end-of-turn model ships in {_DISTRIBUTION}: pip install --no-deps {_DISTRIBUTION}"
-        ) from exc
+        raise ModelNotInstalled(f"{needs}, not installed here: {_INSTALL}") from exc
     path = Path(str(distribution.locate_file(_MODEL_FILE)))
     if not path.is_file():
-        raise ModelNotInstalled(f"{_DISTRIBUTION} {distribution.version} has no {_MODEL_FILE}")
+        raise ModelNotInstalled(f"{needs}, but {_DISTRIBUTION} {distribution.version} has no "
+                                f"{_MODEL_FILE}: {_INSTALL}")
     return path
+
+
+def require_model(turn_detection_type: str) -> None:
+    """Raise :class:`ModelNotInstalled`, naming the package, where ``turn_detection_type`` needs
+    this model (semantic_vad) and it is missing: a setting refused up front, where it is chosen,
+    rather than one that fails at every pause of every turn."""
+    if turn_detection_type == "semantic_vad":
+        model_path()
 
 
 class EndOfTurnModel:

@@ -3,6 +3,7 @@ values rejected with a message naming the field."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,17 @@ def test_bad_settings_name_the_field(tmp_path: Path, overrides: dict, needle: st
 def test_unknown_preset_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="toy"):
         load_preset(["--preset", "no_such_preset"], environ={})
+
+
+def test_a_preset_on_semantic_turns_without_their_model_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a fallback to server_vad: that would answer into every pause, the fault the default
+    exists to prevent, with only a log line to tell. The message names the package to install."""
+
+    def not_installed(name: str) -> importlib.metadata.Distribution:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    with pytest.raises(ConfigError, match=r"session\.turn_detection: .*pipecat-ai.*pip install"):
+        load_preset(["--preset", "offline"], environ={})
+    # Presets on server_vad need no end-of-turn model.
+    assert load_preset(["--preset", "toy"], environ={}).settings.session.turn_detection.type == "server_vad"

