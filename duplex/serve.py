@@ -24,9 +24,10 @@ from duplex.api import routers
 from duplex.api.errors import HANDLERS
 from duplex.api.realtime_ws import CLOSE_POLICY_VIOLATION
 from duplex.app_state import AppState
-from duplex.logs import setup_logging
+from duplex.client_address import ProxyHeaders, TrustedProxies
+from duplex.logs import hide_secrets, setup_logging
 from duplex.loop_lag import sample_lag
-from duplex.origin_guard import OriginGuard
+from duplex.origin_guard import AllowedHosts, OriginGuard
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, load_preset
 from duplex.transports.sip.agent import SipAgent
@@ -111,12 +112,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app(preset: Preset, policy: IcePolicy) -> FastAPI:
+    """The app; ValueError for a malformed ``--forwarded-allow-ips``."""
+    settings = preset.settings
     app = FastAPI(title="duplex", lifespan=_lifespan, exception_handlers=HANDLERS)
-    app.state.duplex = AppState(preset, SessionRegistry(preset.settings.max_sessions), policy)
+    app.state.duplex = AppState(preset, SessionRegistry(settings.max_sessions), policy)
     for router in routers():
         app.include_router(router)
     app.mount("/", StaticFiles(directory=WEB_CLIENT, html=True), name="web_client")
-    app.add_middleware(OriginGuard, enabled=preset.settings.api_key is None)
+    app.add_middleware(OriginGuard, enabled=settings.api_key is None,
+                       hosts=AllowedHosts(settings.host, settings.allowed_host))
+    # Added last, so outermost: everything inside sees the client the trusted proxy names.
+    app.add_middleware(ProxyHeaders, trusted=TrustedProxies(settings.forwarded_allow_ips))
     return app
 
 
@@ -126,18 +132,24 @@ def main(argv: list[str] | None = None) -> None:
         preset = load_preset(argv)
         settings = preset.settings
         policy = IcePolicy(tuple(parse_ice_server(u) for u in settings.ice_server), tuple(settings.ice_host))
+        app = create_app(preset, policy)
     except (ConfigError, ValueError) as err:
         print(f"duplex: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    hide_secrets(settings.api_key, settings.twilio_auth_token,
+                 *(server.credential for server in policy.servers))
     log.info("preset %s: %s", settings.preset, preset.description or "(no description)")
     uvicorn.run(
-        create_app(preset, policy),
+        app,
         host=settings.host,
         port=settings.port,
         ssl_certfile=settings.ssl_certfile,
         ssl_keyfile=settings.ssl_keyfile,
         ws=WebSocketProtocol,
         ws_max_size=WS_MAX_BYTES,
+        # The proxy headers are read by duplex.client_address.ProxyHeaders, from
+        # --forwarded-allow-ips only (uvicorn's own would trust 127.0.0.1 by default).
+        proxy_headers=False,
         log_config=None,
     )
 

@@ -29,6 +29,7 @@ from fastapi.responses import PlainTextResponse
 from duplex.api.auth import websocket_key_ok, websocket_secret, websocket_subprotocol
 from duplex.api.ephemeral_keys import apply_secret_session
 from duplex.app_state import AppState
+from duplex.client_address import limit_key
 from duplex.protocol.events import error_event
 from duplex.registry import TooManySessions
 from duplex.transports.websocket import WebSocketConnection
@@ -51,7 +52,7 @@ async def _refuse(websocket: WebSocket, message: str, code: str) -> None:
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     state: AppState = websocket.app.state.duplex
-    address = websocket.client.host if websocket.client is not None else "unknown"
+    address = limit_key(websocket.client)
     if not state.new_sessions.take(address):
         log.warning("realtime websocket refused: too many new sessions from %s", address)
         await websocket.send_denial_response(PlainTextResponse(

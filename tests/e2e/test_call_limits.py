@@ -33,7 +33,7 @@ async def app_state(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[t
     app = create_app(preset, IcePolicy(hosts=("127.0.0.1",)))
     state: AppState = app.state.duplex
     state.pipeline = await start_pipeline(preset.pipeline, mode="inproc")
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duplex") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         yield http, state
     await state.registry.close_all()
     await state.pipeline.close()
@@ -71,7 +71,7 @@ async def test_api_key_guards_calls_but_not_health(tmp_path: Path) -> None:
     path = write_preset(tmp_path / "preset.yaml", api_key="sesame")
     preset = load_preset(["--config", str(path)], environ={})
     app = create_app(preset, IcePolicy(hosts=("127.0.0.1",)))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duplex") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         refused = await http.post("/v1/realtime/calls", content="v=0", headers={"Content-Type": "application/sdp"})
         assert refused.status_code == 401
         assert refused.json()["error"]["type"] == "authentication_error"
@@ -89,7 +89,7 @@ async def test_the_ice_servers_are_offered_to_the_servers_callers_only(tmp_path:
     preset = load_preset(["--config", str(path)], environ={})
     servers = ("turn:caller:s3cret@relay.example:3478?transport=udp", "stun:stun.example:3478")
     app = create_app(preset, IcePolicy(tuple(parse_ice_server(s) for s in servers), ("127.0.0.1",)))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duplex") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         assert (await http.get("/v1/realtime/ice_servers")).status_code == 401
         offered = await http.get("/v1/realtime/ice_servers", headers={"Authorization": "Bearer sesame"})
         assert offered.json() == {"ice_servers": [
@@ -166,17 +166,17 @@ async def test_without_a_key_only_the_servers_own_pages_may_call(tmp_path: Path)
     preset = load_preset(["--config", str(write_preset(tmp_path / "preset.yaml"))], environ={})
     app = create_app(preset, IcePolicy(hosts=("127.0.0.1",)))
     sdp = {"Content-Type": "application/sdp"}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duplex") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         foreign = await http.post("/v1/realtime/calls", content="v=0",
                                   headers={**sdp, "Origin": "https://evil.example"})
         assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "cross_origin"
         # The server's own page, and clients that are not browsers, get through to the endpoint.
-        own = await http.post("/v1/realtime/calls", content="v=0", headers={**sdp, "Origin": "http://duplex"})
+        own = await http.post("/v1/realtime/calls", content="v=0", headers={**sdp, "Origin": "http://localhost"})
         assert own.status_code == 503  # the pipeline is not loaded in this app
         assert (await http.post("/v1/realtime/calls", content="v=0", headers=sdp)).status_code == 503
     keyed = create_app(load_preset(["--config", str(write_preset(tmp_path / "k.yaml", api_key="k"))],
                                    environ={}), IcePolicy(hosts=("127.0.0.1",)))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=keyed), base_url="http://duplex") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=keyed), base_url="http://localhost") as http:
         # With a key, the key is the check: a foreign page without it gets 401, not 403.
         response = await http.post("/v1/realtime/calls", content="v=0",
                                     headers={**sdp, "Origin": "https://evil.example"})
