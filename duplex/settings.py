@@ -76,10 +76,10 @@ class ServerSettings(BaseModel):
     preset: str
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    api_key: str | None = None
+    api_key: str | None = Field(default=None, repr=False)
     # Twilio's account auth token: Twilio's request signature (X-Twilio-Signature) is checked on
     # the voice webhook and on the media stream's handshake (duplex/api/twilio.py).
-    twilio_auth_token: str | None = None
+    twilio_auth_token: str | None = Field(default=None, repr=False)
     # Proxies whose X-Forwarded-For / Forwarded headers name the client address that per-address
     # limits use (uvicorn's meaning: comma-separated addresses or networks, "*" for any).
     forwarded_allow_ips: str | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from duplex.protocol.session_update import apply_session_update
@@ -18,7 +18,7 @@ MAX_SECRETS = 10_000  # beyond, the oldest go first: a client minting in a loop 
 
 @dataclass(frozen=True)
 class ClientSecret:
-    value: str
+    value: str = field(repr=False)  # a credential: never in a log line through a repr
     expires_at: float
     session: dict[str, Any] | None  # the session.update to open sessions with (validated)
 

@@ -32,7 +32,7 @@ def parse_ice_server(url: str) -> RTCIceServer:
     try:
         parse_stun_turn_uri(plain)
     except ValueError as exc:
-        raise ValueError(f"bad ICE server {url!r}: {exc}") from None
+        raise ValueError(f"bad ICE server {plain!r}: {exc}") from None  # not its password
     return RTCIceServer(urls=plain, username=username, credential=credential)
 
 
