@@ -10,8 +10,14 @@ stops the audio at a barge-in's onset, and a false interruption sends again from
 acknowledged mark.
 
 Realtime server events have nowhere to go on a phone call: they are dropped (the session's log
-keeps the story). The connection owns its binding from ``admit`` until ``run`` returns: ``stop``,
-the socket closing or the server shutting down end the session and release the slot once.
+keeps the story).
+
+A socket costs nothing but itself until its ``start`` has been read and authenticated
+(:func:`receive_start`, then ``duplex.api.twilio``): only then is a :class:`TwilioConnection` made,
+with its Session, binding and registry slot. Until ``start`` it may send Twilio's one ``connected``
+message and no other, each message at most :data:`MAX_START_CHARS`, within :data:`START_TIMEOUT_S`.
+The connection owns its binding from ``admit`` until ``run`` returns: ``stop``, the socket closing
+or the server shutting down end the session and release the slot once.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,21 +50,77 @@ log = logging.getLogger(__name__)
 TWILIO_RATE = 8000
 CLOSE_POLICY_VIOLATION = 1008
 SHUTDOWN_GRACE_S = 5.0
+# Twilio sends ``connected`` and ``start`` as soon as the socket is open; a socket that has not
+# authenticated by then is closed (1008), so that idle sockets cannot pile up waiting.
+START_TIMEOUT_S = 5.0
+# A ``start`` is a few hundred bytes plus the TwiML's custom parameters (Twilio bounds those to a
+# few KiB): a larger message before ``start`` is refused before it is parsed.
+MAX_START_CHARS = 64 * 1024
 
 
 class TwilioStreamError(ValueError):
     """A message that breaks the Media Streams protocol; the stream is closed with 1008."""
 
 
+@dataclass(frozen=True)
+class StreamStart:
+    """What a stream's ``start`` message says; ``token`` is ``customParameters.token`` (a secret:
+    never logged)."""
+
+    stream_sid: str
+    call_sid: str | None
+    token: str | None = field(repr=False)
+
+
+async def receive_start(websocket: WebSocket) -> StreamStart | None:
+    """Read an accepted stream's messages up to its ``start`` (see module doc); None when the client
+    left first. Raises TwilioStreamError for anything else, a message too large, or no ``start``
+    within :data:`START_TIMEOUT_S`."""
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            connected = False
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return None
+                raw = message.get("text") or message.get("bytes") or b""
+                if len(raw) > MAX_START_CHARS:
+                    raise TwilioStreamError(
+                        f"a message before 'start' over {MAX_START_CHARS} characters")
+                event = _parse(raw)
+                kind = event.get("event")
+                if kind == "start":
+                    return _stream_start(event)
+                if kind != "connected" or connected:
+                    raise TwilioStreamError(f"{kind!r} before 'start'")
+                connected = True
+    except TimeoutError:
+        raise TwilioStreamError(f"no 'start' within {START_TIMEOUT_S:g} s") from None
+
+
+def _stream_start(event: dict[str, Any]) -> StreamStart:
+    start = _field(event, "start", dict)
+    fmt = start.get("mediaFormat") or {}
+    if fmt and (fmt.get("encoding"), fmt.get("sampleRate")) != ("audio/x-mulaw", TWILIO_RATE):
+        raise TwilioStreamError(f"unsupported media format {fmt}")
+    parameters = start.get("customParameters")
+    token = parameters.get("token") if isinstance(parameters, dict) else None
+    call_sid = start.get("callSid")
+    return StreamStart(str(event.get("streamSid") or start.get("streamSid") or ""),
+                       str(call_sid) if call_sid is not None else None,
+                       token if isinstance(token, str) else None)
+
+
 class TwilioConnection:
+    """One authenticated stream, made from its :class:`StreamStart` (see module doc)."""
+
     kind = "twilio"
 
     def __init__(self, websocket: WebSocket, settings: ServerSettings, pipeline: ModelPipeline,
-                 registry: SessionRegistry, model_name: str, api_key: str | None) -> None:
+                 registry: SessionRegistry, model_name: str, start: StreamStart) -> None:
         self.id = new_id("twilio")
         self.websocket = websocket
-        self.stream_sid: str | None = None
-        self._api_key = api_key
+        self.stream_sid = start.stream_sid
         self._outbox: asyncio.Queue[dict[str, Any] | Closing] = asyncio.Queue()
         self.playout = MarkedPlayout(TWILIO_RATE, self._media, self._mark, self._clear)
         self.session = Session(self.id, self, self.playout, pipeline, settings.session,
@@ -67,19 +129,20 @@ class TwilioConnection:
         self._inbound = Resampler(TWILIO_RATE, SESSION_RATE)
         self._task: asyncio.Task[Any] | None = None
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
+        self.log.info("stream %s authenticated (call %s)", self.stream_sid, start.call_sid)
 
     def admit(self) -> None:
         """Take a registry slot; raises TooManySessions."""
         self.binding.admit()
 
-    async def run(self, query_token: str | None) -> None:
+    async def run(self) -> None:
         """Serve the stream until it ends, then release everything (call after ``admit``)."""
         self._task = asyncio.current_task()
         writer = asyncio.get_running_loop().create_task(self._write())
         reason = "cancelled"
         try:
             self.binding.start()
-            reason = await self._read(query_token)
+            reason = await self._read()
         except TwilioStreamError as err:
             reason = f"protocol error: {err}"
             self.log.warning("closing the stream: %s", err)
@@ -122,39 +185,21 @@ class TwilioConnection:
 
     # --- in --------------------------------------------------------------------------------
 
-    async def _read(self, query_token: str | None) -> str:
+    async def _read(self) -> str:
         while True:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return f"closed with {message.get('code')}"
             event = _parse(message.get("text") or message.get("bytes") or b"")
             kind = event.get("event")
-            if kind == "start":
-                self._start(event, query_token)
-            elif kind == "stop":
+            if kind == "stop":
                 return "stop"
-            elif self.stream_sid is None and kind != "connected":
-                raise TwilioStreamError(f"{kind!r} before 'start'")
             elif kind == "media":
                 self._on_media(event)
             elif kind == "mark":
                 self.playout.on_mark(str(_field(event, "mark", dict).get("name", "")))
             elif kind == "dtmf":
                 self.session.on_dtmf(str(_field(event, "dtmf", dict).get("digit", "")))
-
-    def _start(self, event: dict[str, Any], query_token: str | None) -> None:
-        start = _field(event, "start", dict)
-        parameters = start.get("customParameters") or {}
-        token = parameters.get("token") if isinstance(parameters, dict) else None
-        key = self._api_key
-        if key is not None and not any(isinstance(t, str) and hmac.compare_digest(t.encode(), key.encode())
-                                       for t in (query_token, token)):
-            raise TwilioStreamError("missing or invalid token")
-        fmt = start.get("mediaFormat") or {}
-        if fmt and (fmt.get("encoding"), fmt.get("sampleRate")) != ("audio/x-mulaw", TWILIO_RATE):
-            raise TwilioStreamError(f"unsupported media format {fmt}")
-        self.stream_sid = str(event.get("streamSid") or start.get("streamSid") or "")
-        self.log.info("stream %s started (call %s)", self.stream_sid, start.get("callSid"))
 
     def _on_media(self, event: dict[str, Any]) -> None:
         media = _field(event, "media", dict)

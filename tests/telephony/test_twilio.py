@@ -30,6 +30,18 @@ TIMEOUT = 30.0
 VOICED = 500
 
 
+CONNECTED = json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+
+
+def start_message(sid: str, **custom_parameters: str) -> str:
+    """Twilio's ``start`` for stream ``sid``, with the TwiML's ``<Parameter>``s."""
+    return json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": sid,
+                       "start": {"streamSid": sid, "callSid": "CA0000", "tracks": ["inbound"],
+                                 "customParameters": custom_parameters,
+                                 "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": RATE,
+                                                 "channels": 1}}})
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("twilio")
@@ -52,12 +64,8 @@ class FakeTwilio:
     speaking: asyncio.Queue[np.ndarray] = field(default_factory=asyncio.Queue)
 
     async def start(self) -> None:
-        await self.ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
-        await self.ws.send(json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": self.sid,
-                                       "start": {"streamSid": self.sid, "callSid": "CA0000",
-                                                 "tracks": ["inbound"], "customParameters": {},
-                                                 "mediaFormat": {"encoding": "audio/x-mulaw",
-                                                                 "sampleRate": RATE, "channels": 1}}}))
+        await self.ws.send(CONNECTED)
+        await self.ws.send(start_message(self.sid))
 
     async def receive(self) -> None:
         async for raw in self.ws:
