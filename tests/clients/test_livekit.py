@@ -44,7 +44,7 @@ class LiveKitPeer:
         self.errors: list[Any] = []
         self.generations: list[Any] = []
         self.audio: dict[str, list[np.ndarray]] = {}
-        self._readers: list[asyncio.Task[None]] = []
+        self._readers: dict[str, asyncio.Task[None]] = {}  # response id -> its audio's reader
         self._pending = np.zeros(0, np.float32)
         self.mic = asyncio.get_running_loop().create_task(self._microphone())
         session.on("openai_server_event_received", self.events.append)
@@ -53,7 +53,7 @@ class LiveKitPeer:
 
     def _on_generation(self, generation: Any) -> None:
         self.generations.append(generation)
-        self._readers.append(asyncio.get_running_loop().create_task(self._read(generation)))
+        self._readers[generation.response_id] = asyncio.get_running_loop().create_task(self._read(generation))
 
     async def _read(self, generation: Any) -> None:
         chunks = self.audio.setdefault(generation.response_id, [])
@@ -90,6 +90,17 @@ class LiveKitPeer:
             raise AssertionError(f"no {kind} #{count}: {[e['type'] for e in self.events]}") from None
         return self.of(kind)[count - 1]
 
+    async def audio_of(self, response_id: str) -> float:
+        """The seconds of a generation's audio, once the plugin has closed its audio stream."""
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                while response_id not in self._readers:
+                    await asyncio.sleep(0.02)
+                await self._readers[response_id]
+        except TimeoutError:
+            raise AssertionError(f"the audio stream of {response_id} did not end") from None
+        return self.seconds(response_id)
+
     def seconds(self, response_id: str) -> float:
         return sum(len(c) for c in self.audio.get(response_id, [])) / RATE
 
@@ -121,8 +132,10 @@ async def test_livekit_agents_converses_with_its_defaults(server: ServerProcess)
             peer.push(speech(question, RATE, 0.3, 0.0))
             done = await peer.until("response.done", n)
             assert done["response"]["status"] == "completed"
-            await asyncio.sleep(0.2)  # the plugin's audio channel drains after response.done
-            assert peer.seconds(done["response"]["id"]) > 1.0
+            # All of this answer's audio, as the plugin decoded it once its audio channel closed.
+            heard = round(await peer.audio_of(done["response"]["id"]) * RATE)
+            transcript = done["response"]["output"][0]["content"][0]["transcript"]
+            assert heard == answer_samples(transcript) > RATE, (n, heard, transcript)
 
         # generate_reply(): answered (the future resolves on the response it asked for).
         generation = await asyncio.wait_for(peer.session.generate_reply(instructions="Say hello."), TIMEOUT)

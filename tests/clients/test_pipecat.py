@@ -96,11 +96,13 @@ async def test_pipecat_converses_and_is_interrupted(server: ServerProcess) -> No
     url = server.url.replace("http", "ws") + "/v1/realtime"
     llm = OpenAIRealtimeLLMService(api_key=API_KEY, base_url=url)
     statuses: dict[str, str] = {}  # the answers' items as response.done left them
+    answers: dict[str, Any] = {}  # the same items
 
     @llm.event_handler("on_conversation_item_updated")
     async def _updated(service: Any, item_id: str, item: Any) -> None:
         if item is not None and getattr(item, "role", None) == "assistant":
             statuses[item_id] = item.status
+            answers[item_id] = item
 
     barge_ins = metric(server, "duplex_barge_ins_total")
 
@@ -112,10 +114,13 @@ async def test_pipecat_converses_and_is_interrupted(server: ServerProcess) -> No
     mic_task = asyncio.get_running_loop().create_task(mic.run())
     try:
         for n, question in enumerate(["What is the weather like today?", "And what about tomorrow?"], 1):
+            before = sink.seconds()
             mic.say(speech(question, RATE, 0.3, 0.0))
-            await until(lambda n=n: sink.responses_ended >= n, f"answer {n}", sink)
-            heard = sink.seconds()
-            assert heard > n * 1.0, heard
+            await until(lambda n=n: sink.responses_ended >= n and len(answers) >= n, f"answer {n}", sink)
+            # This turn's answer, all of its audio: what came since the question, not since the call.
+            answer = list(answers.values())[n - 1]
+            heard = round((sink.seconds() - before) * RATE)
+            assert heard == answer_samples(answer.content[0].transcript) > RATE, (n, heard, answer)
         # A barge-in: speech over the next answer; it ends early, and the speech is answered.
         mic.say(speech("Tell me a long story about the sea.", RATE, 0.3, 0.0))
         before = sink.seconds()

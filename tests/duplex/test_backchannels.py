@@ -8,9 +8,11 @@ paused (no cancel, no user turn), and "stop" interrupts it as before.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from duplex.media.resample import Resampler
 from duplex.turns.backchannel import is_backchannel
 from harness.scripted_pipeline import RATE, ScriptedPipeline
 from harness.speech import speech
@@ -25,14 +27,38 @@ def backchannels_total() -> float:
     return value
 
 
+ANSWER_S = 4.0
+
+
+def sent_audio(host: Host) -> list[np.ndarray]:
+    """From now on, every frame the host's track sends (mono int16, 48 kHz), in order."""
+    frames: list[np.ndarray] = []
+    recv = host.track.recv
+
+    async def recording():  # type: ignore[no-untyped-def]
+        frame = await recv()
+        frames.append(frame.to_ndarray()[0, :: host.track.channels].copy())
+        return frame
+
+    host.track.recv = recording  # type: ignore[method-assign]
+    return frames
+
+
+def answer_as_sent() -> np.ndarray:
+    """The answer's audio as the track sends it: resampled to 48 kHz int16 as the playout does."""
+    resampler = Resampler(RATE, 48000, out_dtype=np.int16)
+    return np.concatenate([resampler.push(tone(ANSWER_S)), resampler.flush()])
+
+
 async def agent_speaking(backchannel_max_ms: int = LONGEST_MS) -> tuple[ScriptedPipeline, Host, str]:
     """A session whose question is answered with 4 s of audio, 1.5 s of it played: its pipeline,
-    its host, and the answer's request id."""
+    its host, and the answer's request id. ``host.sent`` holds the frames its track sent."""
     pipeline = ScriptedPipeline()
     host = Host(pipeline, backchannel_max_ms=backchannel_max_ms)
+    host.sent = sent_audio(host)  # type: ignore[attr-defined]
     await ask(host, pipeline)
     answer = pipeline.requests[0].request_id
-    pipeline.push(text="Paris is the capital of France. ", audio=tone(4.0), sample_rate=RATE,
+    pipeline.push(text="Paris is the capital of France. ", audio=tone(ANSWER_S), sample_rate=RATE,
                   spoken_text="Paris is the capital of France. ")
     await host.until(lambda: host.track.queued_seconds >= 3.9)
     await host.silence(75)  # past the echo guard
@@ -81,10 +107,19 @@ async def test_a_backchannel_lets_the_agent_go_on_where_it_paused() -> None:
     assert "input_audio_buffer.speech_started" not in types[types.index("response.created"):]
     assert "response.done" not in types and answer not in pipeline.aborted
     pipeline.end(answer)
-    while "response.done" not in host.types():
+    for _ in range(200):  # the 2.5 s of the answer left, and more
+        if "response.done" in host.types():
+            break
         await host.silence(10)
+    assert "response.done" in host.types(), "the answer never ended"
     assert host.of("response.done")[0]["response"]["status"] == "completed"
     assert [i.role for i in host.session.history.items] == ["user", "assistant"]
+    # What played after the pause is the rest of the answer, from where it paused: every sample
+    # of the answer went out once, in order (silence only while the fragment held it).
+    voiced = np.concatenate([f for f in host.sent if f.any()])  # type: ignore[attr-defined]
+    whole = answer_as_sent()
+    assert len(whole) <= len(voiced) < len(whole) + host.track.frame_samples, (len(voiced), len(whole))
+    assert np.array_equal(voiced[: len(whole)], whole), "the answer's audio did not go on where it paused"
     await host.binding.end("test over")
 
 

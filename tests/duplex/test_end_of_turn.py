@@ -104,10 +104,12 @@ def judge():  # the text judge the offline preset's asr stage runs
     return FinishedText()
 
 
-# As Whisper writes them. "...book a." cannot end a sentence (the words hold the turn); the others
-# may, as far as rules tell, and only the judge of the words says that they go on.
-UNFINISHED_HEARD = ["I was hoping you could", "I would like to book a.",
-                    "Could you put me through to", "My favourite colours are blue.",
+# As Whisper writes them, with its full stop. "...book a." cannot end a sentence (the words hold
+# the turn); the others may, as far as rules tell, and only the judge of the words says that they
+# go on. (Without the full stop they would read as UNKNOWN, the judge would not be weighed, and
+# the audio alone cannot reach the bar: such a case could not fail.)
+UNFINISHED_HEARD = ["I was hoping you could.", "I would like to book a.",
+                    "Could you put me through to.", "My favourite colours are blue.",
                     "Well, I really need this."]
 
 
@@ -126,6 +128,9 @@ def test_with_the_words_judged_medium_answers_finished_turns_at_once_and_waits_t
             spoken = _espeak(f'<speak>{before} <break time="800ms"/> {extra[heard]}</speak>', tmp_path)
             p_audio = model.probability(_asked(_before_pause(spoken)))
         words = read_transcript(heard)
+        if words is not Words.INCOMPLETE:  # the judge is weighed: it alone holds these turns
+            assert words is Words.COMPLETE, heard
+            assert probability_with_words(p_audio, words, 0.5) > patience("medium").threshold, heard
         p = probability_with_words(p_audio, words, judge.probability(heard))
         for silence in range(0, 800 + 1, 32):
             assert decide(p, silence, "medium", words=words) is Decision.WAIT, (heard, p)

@@ -164,7 +164,9 @@ async def test_loopback_pair_plays_pauses_resumes_and_flushes() -> None:
 
 
 def underruns() -> float:
-    return REGISTRY.get_sample_value("duplex_outbound_underruns_total") or 0.0
+    value = REGISTRY.get_sample_value("duplex_outbound_underruns_total")
+    assert value is not None, "duplex_outbound_underruns_total is not exported"
+    return value
 
 
 async def test_running_dry_mid_item_counts_underruns_until_the_item_ends() -> None:

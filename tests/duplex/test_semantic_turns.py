@@ -24,6 +24,7 @@ from duplex.media.playout import PacedPlayout
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import SessionDefaults
+from duplex.turns import end_of_turn
 from duplex.turns.config import TurnDetection
 from duplex.turns.semantic_policy import MAX_WAIT_MS, MIN_SILENCE_MS, Eagerness, patience
 from duplex.turns.server_vad import TurnDetector
@@ -35,6 +36,21 @@ from pipeline.runner import start_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = 320  # 20 ms at 16 kHz
+LOUD = 0.004  # |sample| above this is sound (espeak pads its output with digital silence)
+# How far inside the maximum wait a turn the model ends must end: a model that doubts every turn
+# ends it at the maximum wait counted from where the VAD found the pause, which may lie ~100 ms
+# before the last voiced sample (espeak's quiet last phoneme).
+MARGIN_MS = 300
+DOUBT_MS = 10_000  # the most audio time a test feeds while it waits for anything
+
+
+def last_voiced_ms(audio: np.ndarray) -> int:
+    """Audio time of a clip's last voiced sample (clips carry a quiet tail)."""
+    return int(np.flatnonzero(np.abs(audio) > LOUD)[-1]) * 1000 // 16000
+
+
+ORDER = ("I would like to order a large pizza with", "mushrooms and olives.")
+QUESTION = "Could you tell me what the weather will be like tomorrow?"
 
 
 class Caller:
@@ -69,40 +85,80 @@ class Caller:
     async def silence(self, ms: int) -> None:
         await self.feed(np.zeros(ms * 16, dtype=np.float32))
 
+    async def until(self, condition: Any, what: str, within_ms: int = DOUBT_MS) -> None:
+        """Silence 20 ms a step until ``condition()`` holds; fail after ``within_ms`` of audio."""
+        start = self.ms
+        while not condition():
+            assert self.ms - start < within_ms, f"no {what} after {within_ms} ms of silence"
+            await self.silence(20)
+            await asyncio.sleep(0)  # let the session's tasks take what the pipeline pushed
 
-async def test_a_pause_inside_an_unfinished_sentence_does_not_end_the_turn(pipeline: Coordinator) -> None:
-    caller = Caller(pipeline)
-    turn = speech_with_pauses(("I would like to order a large pizza with", "mushrooms and olives."),
-                              (900,), pad_before_s=0.3, pad_after_s=0.0)
+
+async def order_with_a_pause(caller: Caller) -> int:
+    """The unfinished sentence with its 900 ms pause, fed whole: its last voiced sample's time."""
+    start = caller.ms
+    turn = speech_with_pauses(ORDER, (900,), pad_before_s=0.3, pad_after_s=0.0)
     await caller.feed(turn)
     assert caller.committed_at == [], "answered into the pause"
-    end_of_speech = caller.ms
-    await caller.silence(MAX_WAIT_MS[Eagerness.MEDIUM] + 500)
+    return start + last_voiced_ms(turn)
+
+
+async def finished_question(caller: Caller) -> int:
+    """The finished question, fed whole: its last voiced sample's time."""
+    start = caller.ms
+    question = speech(QUESTION, 16000, 0.3, 0.0)
+    await caller.feed(question)
+    return start + last_voiced_ms(question)
+
+
+async def test_a_pause_inside_an_unfinished_sentence_does_not_end_the_turn(pipeline: Coordinator) -> None:
+    """The pause does not end the turn (a model sure of every pause would), and the sentence's own
+    end does, well before the maximum wait counted from its last word (a model that doubts every
+    pause would wait it out)."""
+    caller = Caller(pipeline)
+    last_word = await order_with_a_pause(caller)
+    await caller.until(lambda: caller.committed_at, "end of turn", MAX_WAIT_MS[Eagerness.MEDIUM] + 500)
+    await caller.silence(500)
     assert len(caller.committed_at) == 1
-    assert caller.committed_at[0] - end_of_speech <= MAX_WAIT_MS[Eagerness.MEDIUM]
+    assert caller.committed_at[0] - last_word < MAX_WAIT_MS[Eagerness.MEDIUM] - MARGIN_MS, \
+        (caller.committed_at, last_word)
     await caller.session.close()
 
 
 async def test_a_finished_question_ends_the_turn_before_the_maximum_wait(pipeline: Coordinator) -> None:
+    """On high eagerness a finished question ends well before the maximum wait counted from its last
+    word (a doubting model would wait it out), and the same eagerness still waits through the
+    unfinished sentence's pause (a model sure of every pause would cut it)."""
     caller = Caller(pipeline, eagerness="high")
-    await caller.feed(speech("Could you tell me what the weather will be like tomorrow?", 16000, 0.3, 0.0))
-    end_of_speech = caller.ms
-    await caller.silence(MAX_WAIT_MS[Eagerness.HIGH] + 500)
+    last_word = await finished_question(caller)
+    await caller.until(lambda: caller.committed_at, "end of turn", MAX_WAIT_MS[Eagerness.HIGH] + 500)
+    await caller.silence(500)
     assert len(caller.committed_at) == 1
-    assert caller.committed_at[0] - end_of_speech < MAX_WAIT_MS[Eagerness.HIGH], caller.committed_at
-    assert "response.created" in [e["type"] for e in caller.events]
+    assert caller.committed_at[0] - last_word < MAX_WAIT_MS[Eagerness.HIGH] - MARGIN_MS, \
+        (caller.committed_at, last_word)
+    await caller.until(lambda: "response.created" in [e["type"] for e in caller.events], "response")
+    await caller.session.close()
+    caller = Caller(pipeline, eagerness="high")
+    await order_with_a_pause(caller)
     await caller.session.close()
 
 
-async def test_the_maximum_wait_ends_every_turn(pipeline: Coordinator) -> None:
+async def test_the_maximum_wait_ends_every_turn(pipeline: Coordinator,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that doubts every turn: the maximum wait of each eagerness ends it, counted from the
+    last word (not sooner, not later)."""
+    monkeypatch.setattr(end_of_turn.EndOfTurnModel, "probability", lambda self, audio: 0.0)
     for eagerness in ("high", "low"):
+        limit = MAX_WAIT_MS[Eagerness(eagerness)]
         caller = Caller(pipeline, eagerness=eagerness)
-        await caller.feed(speech_with_pauses(("My number is five five five",), (), pad_before_s=0.3,
-                                             pad_after_s=0.0))
-        end_of_speech = caller.ms
-        await caller.silence(MAX_WAIT_MS[Eagerness(eagerness)] + 200)
+        turn = speech_with_pauses(("My number is five five five",), (), pad_before_s=0.3, pad_after_s=0.0)
+        await caller.feed(turn)
+        last_word = last_voiced_ms(turn)
+        await caller.until(lambda c=caller: c.committed_at, "end of turn", limit + 500)
+        await caller.silence(200)
         assert len(caller.committed_at) == 1, eagerness
-        assert caller.committed_at[0] - end_of_speech <= MAX_WAIT_MS[Eagerness(eagerness)] + 200
+        assert limit - MARGIN_MS < caller.committed_at[0] - last_word <= limit + 200, \
+            (eagerness, caller.committed_at, last_word)
         await caller.session.close()
 
 
@@ -161,15 +217,12 @@ async def _commit_time(transcript: str, finished: float | None = None
     vad = TurnDetector(TurnDetection(silence_duration_ms=10_000))
     vad.process(np.concatenate([question, np.zeros(16000, np.float32)]))
     await caller.feed(question)
-    while not pipeline.requests:
-        await caller.silence(20)
+    await caller.until(lambda: pipeline.requests, "request")
     assert pipeline.requests[0].params["end_of_turn"] is True  # the pipeline may judge the words
     pipeline.push(input_transcript=transcript,
                   **({} if finished is None else {"input_end_of_turn": finished}))
     pipeline.push(text="Paris.", audio=np.full(RATE // 10, 0.1, np.float32), sample_rate=RATE)
-    while not caller.committed_at:
-        await caller.silence(20)
-        await asyncio.sleep(0)  # let the speculation's task take the pushed chunks
+    await caller.until(lambda: caller.committed_at, "end of turn")
     return caller.committed_at[0] - vad.pause_start * 1000 // 16000, caller, pipeline
 
 
@@ -182,8 +235,7 @@ async def test_the_words_of_the_pause_hold_an_unfinished_turn_and_the_adopted_an
     assert quick < held
     for c, p in ((caller, pipeline), (other, other_pipeline)):
         p.end()
-        while not [e for e in c.events if e["type"] == "response.done"]:
-            await c.silence(20)
+        await c.until(lambda c=c: "response.done" in [e["type"] for e in c.events], "response.done")
         # One request, adopted: what came before the turn ended is replayed in order.
         assert len(p.requests) == 1 and p.aborted == []
         types = [e["type"] for e in c.events]
@@ -219,12 +271,11 @@ async def test_kept_model_state_continues_through_an_aborted_and_an_adopted_spec
     async def answered_turn(audio: np.ndarray, turn: int) -> None:
         # No transcript: the presets that keep model state (Qwen3-Omni) do not transcribe.
         await caller.feed(audio)
-        while len(caller.committed_at) < turn:
-            await caller.silence(20)
+        await caller.until(lambda: len(caller.committed_at) >= turn, "end of turn")
         pipeline.push(text="Sure.", audio=np.full(RATE // 10, 0.1, np.float32), sample_rate=RATE)
         pipeline.end()
-        while [e["type"] for e in caller.events].count("response.done") < turn:
-            await caller.silence(20)
+        await caller.until(lambda: [e["type"] for e in caller.events].count("response.done") >= turn,
+                           "response.done")
 
     order = speech_with_pauses(("I would like to order a large pizza with", "mushrooms and olives."),
                                (900,), pad_before_s=0.3, pad_after_s=0.0)
@@ -250,10 +301,14 @@ async def test_without_speculative_start_nothing_is_asked_before_the_decision() 
     pipeline = ScriptedPipeline()
     caller = Caller(pipeline, eagerness="high", speculative_start=False)
     await caller.feed(speech("What is the capital of France?", 16000, 0.3, 0.0))
-    while not caller.committed_at:
-        assert pipeline.requests == []
-        await caller.silence(20)
-    while not pipeline.requests:
-        await caller.silence(20)
+
+    def decided() -> bool:
+        if caller.committed_at:
+            return True
+        assert pipeline.requests == [], "asked before the decision"
+        return False
+
+    await caller.until(decided, "end of turn")
+    await caller.until(lambda: pipeline.requests, "request")
     assert len(pipeline.requests) == 1 and pipeline.aborted == []
     await caller.session.close()

@@ -126,7 +126,8 @@ async def test_barge_in_pauses_at_once_and_truncates_to_what_was_heard(pipeline:
 async def test_false_interruption_resumes_where_it_paused(pipeline: Coordinator) -> None:
     h = Harness(pipeline)
     await answered(h)
-    underruns = REGISTRY.get_sample_value("duplex_outbound_underruns_total") or 0.0
+    underruns = REGISTRY.get_sample_value("duplex_outbound_underruns_total")
+    assert underruns is not None, "duplex_outbound_underruns_total is not exported"
     total = h.audible_frames() + round(h.track.queued_seconds / 0.02)  # played + still queued
     await h.silence(75)
     word = speech("Hey", 16000, 0.0, 0.0)
@@ -142,7 +143,7 @@ async def test_false_interruption_resumes_where_it_paused(pipeline: Coordinator)
     assert "conversation.item.truncated" not in h.types()
     assert h.types().count("input_audio_buffer.speech_started") == 1
     # The pause is deliberate silence, and the end of the answer is its end: no underrun.
-    assert (REGISTRY.get_sample_value("duplex_outbound_underruns_total") or 0.0) == underruns
+    assert REGISTRY.get_sample_value("duplex_outbound_underruns_total") == underruns
     await h.session.close()
 
 

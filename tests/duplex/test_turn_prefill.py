@@ -18,23 +18,38 @@ from harness.scripted_pipeline import ScriptedPipeline
 from harness.speech import speech
 from pipeline.proto import OmniRequest, OutputChunk
 from pipeline.scheduling.conversation_book import OPEN_PARAM, PARTIAL_PARAM
-from tests.duplex.test_session_scripted import Host
+from tests.duplex.test_session_scripted import RATE, Host, tone
 
 LONG = "I would like to plan a short trip to the mountains this weekend with my family"
 
 
 class Prefilling(ScriptedPipeline):
     """The scripted pipeline, where a piece of a turn ends as soon as it is submitted (unless
-    ``hold_pieces``): pieces answer nothing."""
+    ``hold_pieces``): pieces answer nothing. It notes each piece submitted while another request
+    of the session still runs in it (not ended, not aborted): ``pieces_over_requests``."""
 
     hold_pieces = False
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: set[str] = set()
+        self.pieces_over_requests: list[tuple[str, set[str]]] = []
+
     async def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
-        if PARTIAL_PARAM in request.params and not self.hold_pieces:
-            self.requests.append(request)
-            return
-        async for chunk in super().stream(request):
-            yield chunk
+        rid = request.request_id
+        if PARTIAL_PARAM in request.params:
+            others = self.running - set(self.aborted)
+            if others:
+                self.pieces_over_requests.append((rid, others))
+            if not self.hold_pieces:
+                self.requests.append(request)
+                return
+        self.running.add(rid)
+        try:
+            async for chunk in super().stream(request):
+                yield chunk
+        finally:
+            self.running.discard(rid)
 
     def pieces(self) -> list[OmniRequest]:
         return [r for r in self.requests if PARTIAL_PARAM in r.params]
@@ -69,8 +84,6 @@ async def test_pieces_go_while_the_user_speaks_and_the_answer_continues_them() -
     # The answer's turn begins with the very samples the pieces sent.
     last = pieces[-1].inputs["messages"][-1]["audio"]
     assert np.array_equal(answer.inputs["messages"][-1]["audio"][: held * 16000], last[: held * 16000])
-    # No piece while the answer runs, even as the user speaks again (a barge-in's turn gets its
-    # pieces only once the answer is over).
     count = len(pieces)
     pipeline.push(text="Sure.")
     pipeline.end()
@@ -81,6 +94,37 @@ async def test_pieces_go_while_the_user_speaks_and_the_answer_continues_them() -
     nxt = pipeline.pieces()[count]
     assert nxt.params["conversation_id"] == cid and OPEN_PARAM not in nxt.params
     assert nxt.params[PARTIAL_PARAM] == 1
+    assert pipeline.pieces_over_requests == []
+    await host.binding.end("test over")
+
+
+async def test_no_piece_while_the_answer_runs_even_as_the_user_speaks_over_it() -> None:
+    """The user speaks over the answer for seconds (the barge-in is confirmed only after 3 s of
+    speech, the longest a backchannel may be): no piece goes while the answer runs; the barge-in's
+    turn gets its pieces once the answer is aborted."""
+    pipeline = Prefilling()
+    host = Host(pipeline, keep_model_state=True, prefill_piece_s=1, backchannel_max_ms=3000)
+    await host.feed(speech("What is the capital of France?", 16000, 0.3, 0.0))
+    await host.silence(30)
+    await host.until(lambda: len(pipeline.answers()) == 1)
+    answer = pipeline.answers()[0].request_id
+    pipeline.push(text="Paris is the capital of France. ", audio=tone(4.0), sample_rate=RATE,
+                  spoken_text="Paris is the capital of France. ")
+    await host.until(lambda: host.track.queued_seconds >= 3.9)
+    await host.silence(75)  # past the echo guard
+    count = len(pipeline.pieces())
+    over = speech(LONG, 16000, 0.0, 0.0)
+    held = 5 * 16000 // 2  # 2.5 s of the user's speech while the answer runs: two pieces' worth
+    await host.feed(over[:held])
+    assert answer not in pipeline.aborted, "the answer was interrupted before the test's 2.5 s"
+    assert pipeline.pieces_over_requests == []
+    await host.feed(over[held:])
+    await host.until(lambda: answer in pipeline.aborted)
+    await host.silence(30)
+    # The barge-in's turn was long enough for pieces: they went once the answer was over.
+    assert len(pipeline.pieces()) > count
+    assert pipeline.pieces_over_requests == []
+    pipeline.end()
     await host.binding.end("test over")
 
 

@@ -16,6 +16,7 @@ to 0).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -196,6 +197,16 @@ def test_an_answer_aborted_on_an_open_turn_leaves_the_turn_open(staged: Staged, 
 # --- through the coordinator ------------------------------------------------------------------
 
 
+async def until_holds(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Yield to the loop until ``condition()`` holds; fail naming ``what`` at the deadline."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                await asyncio.sleep(0)
+    except TimeoutError:
+        raise AssertionError(f"not {what} after {timeout} s") from None
+
+
 def partial(rid: str, cid: str, turn: dict[str, Any], until: int, held: int) -> OmniRequest:
     so_far = {**turn, "audio": turn["audio"][: until * RATE + 800]}
     params = {"conversation_id": cid, PARTIAL_PARAM: until, "modalities": ["text"]}
@@ -211,8 +222,7 @@ async def test_pieces_through_the_coordinator_wait_undo_and_free() -> None:
         # The answer is submitted while the second piece is still in flight: it waits for the
         # piece, then continues it (a request that did not would start afresh).
         piece = asyncio.create_task(collect(coordinator, partial("p2", "c", turn, 4, 2), timeout=60))
-        while book.busy_request("c") != "p2":
-            await asyncio.sleep(0)
+        await until_holds(lambda: book.busy_request("c") == "p2", "the second piece in flight")
         answer = await collect(coordinator, OmniRequest(
             "a1", {"messages": [turn]}, {"conversation_id": "c", OPEN_PARAM: 4}), timeout=60)
         await piece
@@ -245,8 +255,8 @@ async def test_pieces_through_the_coordinator_wait_undo_and_free() -> None:
                                                       {"conversation_id": "c"}))
         await anext(talked_over)
         aborting = asyncio.create_task(coordinator.abort("a3"))
-        while "a3" not in coordinator._aborts:  # its broadcast is out, the acks not yet in
-            await asyncio.sleep(0)
+        # Its broadcast is out, the acks not yet in.
+        await until_holds(lambda: "a3" in coordinator._aborts, "the abort of a3 under way")
         await collect(coordinator, OmniRequest("a4", {"messages": [*history, user_turn(2)]},
                                                {"conversation_id": "c"}), timeout=60)
         await aborting

@@ -147,7 +147,11 @@ def expected_audio(config: PipelineConfig, inputs: dict[str, Any], n: int) -> np
 
 
 def shm_gauge() -> float:
-    return REGISTRY.get_sample_value("pipeline_shm_bytes") or 0.0
+    """The shared memory the pipeline holds, from its gauge; a gauge that is not exported fails
+    (a renamed or missing gauge must not read as an idle zero)."""
+    value = REGISTRY.get_sample_value("pipeline_shm_bytes")
+    assert value is not None, "pipeline_shm_bytes is not exported"
+    return value
 
 
 def held(stats: dict[str, StageStats]) -> dict[str, tuple[int, int, int]]:

@@ -82,8 +82,9 @@ async def test_abort_before_the_entry_stage_has_the_request(toy: Coordinator) ->
     request = make_request()
     stream = toy.stream(request)
     first = asyncio.ensure_future(anext(stream))
-    while toy.requests_in_flight == 0:  # the submit has just been sent to the entry stage
-        await asyncio.sleep(0)
+    async with asyncio.timeout(5):
+        while toy.requests_in_flight == 0:  # the submit has just been sent to the entry stage
+            await asyncio.sleep(0)
     await abort_now(toy, request.request_id)
     with pytest.raises(StopAsyncIteration):  # an aborted stream ends quietly
         await asyncio.wait_for(first, 5)
