@@ -68,6 +68,12 @@ class PipelineConfig(BaseModel):
     entry: str
     stages: list[StageConfig] = Field(min_length=1)
     max_in_flight: int = Field(default=16, ge=1)
+    owner_share: int | None = Field(
+        default=None, ge=1,
+        description="requests one owner (a session, an API client) may hold however full the "
+        "pipeline is; beyond it an owner's requests may not take the last owner_share slots "
+        "(default max(1, max_in_flight // 4); see pipeline/admission.py)",
+    )
     abort_timeout_s: float = Field(default=5.0, gt=0)
     stream_idle_timeout_s: float = Field(
         default=60.0, gt=0,
@@ -79,10 +85,11 @@ class PipelineConfig(BaseModel):
     )
     hang_timeout_s: float = Field(
         default=30.0, gt=0,
-        description="a stage that does not answer the coordinator's periodic stats question (its "
-        "socket reader, event loop and worker thread all take part in the answer) for this long "
-        "hangs: it is handled as crashed, and its process killed and started again. Longer than "
-        "any one step of a model may take",
+        description="a stage that does not answer the coordinator's periodic sign-of-life "
+        "question (its socket reader and event loop answer, when its worker thread used CPU time "
+        "since the last question or is free to answer itself) for this long hangs: it is handled "
+        "as crashed, and its process killed and started again. A step that computes for longer "
+        "is not a hang; one that only waits (a lock, a blocking read) for longer is",
     )
     # Below ~64 KiB a copy through the ZMQ socket is cheaper than a segment (create, write, read,
     # unlink and a release message): measured by evaluation/pipeline_overhead.py's payload rows.

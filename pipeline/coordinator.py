@@ -4,8 +4,9 @@ This is the pipeline's client API, and the only way ``duplex/`` reaches a model:
 ``stream(request)`` yields OutputChunks until every terminal stage completed, and ``abort(id)``
 returns once every stage acknowledged that it holds nothing of the request.
 
-Per-request state here: one ``_Flight`` per request from ``stream`` until its last chunk, its failure
-or its abort (bounded by ``max_in_flight``), and one ``_Abort`` per abort until every stage acked.
+Per-request state here: one ``Flight`` per request from ``stream`` until its last chunk, its failure
+or its abort (bounded by ``max_in_flight`` and each owner's share: ``pipeline/admission.py``), and
+one ``PendingAbort`` per abort until every stage acked.
 Ended request ids are remembered (bounded) so that an aborted id can never be submitted again.
 
 Conversations (the session's contract is in ``pipeline/scheduling/conversation_book.py``): a
@@ -22,14 +23,14 @@ queued, the coordinator's own socket reader dies) is in ``pipeline/coordinator_f
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from pipeline import metrics
+from pipeline import admission, metrics
 from pipeline.config import PipelineConfig
 from pipeline.coordinator_faults import CoordinatorFaults
+from pipeline.coordinator_stats import StatsQuestions
 from pipeline.flights import Flight, PendingAbort, PipelineError, PipelineOverloaded
 from pipeline.proto import (
     COORDINATOR,
@@ -45,7 +46,6 @@ from pipeline.proto import (
     StageCrashed,
     StagePayload,
     StageStats,
-    StatsRequest,
     StreamChunk,
     StreamDone,
     Submit,
@@ -77,10 +77,7 @@ class Coordinator(CoordinatorFaults):
         self._ready_stages: set[str] = set()
         self._all_ready = asyncio.Event()
         self._broken: PipelineError | None = None
-        self._stats: dict[str, StageStats] = {}
-        self._stats_waiters: dict[int, tuple[set[str], asyncio.Future[None]]] = {}
-        self._tokens = itertools.count(1)
-        self._shm_by_stage: dict[str, int] = {}
+        self._questions = StatsQuestions(self._send, endpoint.shm_bytes)
         self._crashed: dict[str, str] = {}
         self._casualties: set[str] = set()  # requests a crash failed, until every stage is back
         self._deaf: str | None = None  # why the reader died, until every stage was heard again
@@ -169,11 +166,8 @@ class Coordinator(CoordinatorFaults):
         # stage after the Abort, be dropped as late data, and the stream would wait forever.
         if rid in self._flights or rid in self._ended or rid in self._aborts:
             raise ValueError(f"request id {rid!r} was already used")
-        if len(self._flights) >= self.config.max_in_flight:
-            raise PipelineOverloaded(
-                f"{len(self._flights)} requests in flight (max_in_flight={self.config.max_in_flight})"
-            )
-        flight = Flight(pending_terminals=set(self.config.terminals))
+        admission.check(self.config, (f.owner for f in self._flights.values()), request.owner)
+        flight = Flight(pending_terminals=set(self.config.terminals), owner=request.owner)
         request = self.conversations.begin(request)
         self._flights[rid] = flight
         metrics.PIPELINE_REQUESTS_ACTIVE.set(len(self._flights))
@@ -240,22 +234,28 @@ class Coordinator(CoordinatorFaults):
             if (request_id in self._ended and flight is None) or self._closed:
                 return
             pending = self._broadcast_abort(request_id)
-        await self._await_abort(request_id, pending)
+        acknowledged = await self._await_abort(request_id, pending)
         if flight is not None:
             # The client may never finish iterating the aborted stream: the turn ends here. A cut
-            # keeps the turn only where it had begun (every keeping stage says its state ends with it).
+            # keeps the turn only where it had begun (every keeping stage says its state ends with
+            # it); an abort some stage did not acknowledge leaves its state unknown, so the
+            # conversation's kept state is dropped, as after a failure.
             kept = all(made_by == request_id for made_by in pending.kept_by.values())
-            self.conversations.end(request_id, flight.outcome, flight.keep_answer_tokens, kept)
+            outcome = flight.outcome if acknowledged else "failed"
+            self.conversations.end(request_id, outcome, flight.keep_answer_tokens, kept)
 
     async def close_conversation(self, conversation_id: str) -> None:
         """The session is gone: abort its request in flight and free every state kept for it."""
         await self.conversations.close(conversation_id)
 
-    async def _cut(self, request_id: str, conversation: tuple[str, int | None]) -> None:
-        if request_id not in self._aborts:
-            await self._await_abort(request_id, self._broadcast_abort(request_id, conversation))
+    async def _cut(self, request_id: str, conversation: tuple[str, int | None]) -> bool:
+        """Cut (or undo) the state a request left kept; False when some stage did not acknowledge."""
+        if request_id in self._aborts:
+            return True  # being aborted already: that abort's end settles the book
+        return await self._await_abort(request_id, self._broadcast_abort(request_id, conversation))
 
-    async def _await_abort(self, request_id: str, pending: PendingAbort) -> None:
+    async def _await_abort(self, request_id: str, pending: PendingAbort) -> bool:
+        """Wait for every stage's ack (or the abort timeout); True when every live stage acked."""
         try:
             await asyncio.wait_for(pending.done.wait(), self.config.abort_timeout_s)
         except TimeoutError:
@@ -267,6 +267,7 @@ class Coordinator(CoordinatorFaults):
             if self._aborts.get(request_id) is pending:
                 del self._aborts[request_id]
                 self._ended.add(request_id)
+        return not pending.pending
 
     def _broadcast_abort(
         self, request_id: str, conversation: tuple[str, int | None] | None = None
@@ -292,29 +293,10 @@ class Coordinator(CoordinatorFaults):
     async def stage_stats(self, timeout: float = 5.0) -> dict[str, StageStats]:
         """A fresh StageStats from every live stage (asked now, answered after pending commands)."""
         # A stage the question cannot be sent to (not reading) is left out rather than waited for.
-        asked, silent = await self._ask_stats(set(self._stages) - self._dead_stages(), timeout)
+        asked, silent = await self._questions.ask(set(self._stages) - self._dead_stages(), timeout)
         if silent:
             raise TimeoutError(f"no stats from {sorted(silent)} within {timeout:g} s")
-        return {s: self._stats[s] for s in asked}
-
-    async def _ask_stats(self, stages: set[str], timeout: float) -> tuple[set[str], set[str]]:
-        """Ask ``stages`` for a fresh StageStats and wait up to ``timeout`` for the answers; returns
-        (the stages asked, those of them that did not answer). A stage that crashes meanwhile is
-        not waited for."""
-        token = next(self._tokens)
-        asked = {s for s in stages if self._send(s, StatsRequest(token))}
-        waiting = set(asked)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._stats_waiters[token] = (waiting, done)
-        if not waiting:
-            done.set_result(None)
-        try:
-            await asyncio.wait_for(done, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            self._stats_waiters.pop(token, None)
-        return asked, waiting
+        return {s: self._questions.latest[s] for s in asked}
 
     @property
     def requests_in_flight(self) -> int:
@@ -359,7 +341,7 @@ class Coordinator(CoordinatorFaults):
                     pending.kept_by[source] = kept_by
                 self._on_ack(rid, source)
             case StageStats():
-                self._on_stats(message)
+                self._questions.on_stats(message)
             case Ready(source=source, keeps_conversations=keeps, caches_conversations=caches):
                 self._ready_stages.add(source)
                 self.conversations.on_ready(source, keeps, caches)
@@ -397,21 +379,3 @@ class Coordinator(CoordinatorFaults):
         if not pending.pending and not pending.done.is_set():
             metrics.PIPELINE_ABORT_CLEAR_SECONDS.observe(time.perf_counter() - pending.started)
             pending.done.set()
-
-    def _on_stats(self, stats: StageStats) -> None:
-        self._stats[stats.source] = stats
-        metrics.PIPELINE_STAGE_LIVE_REQUESTS.labels(stats.source).set(stats.live_requests)
-        metrics.PIPELINE_STAGE_QUEUE_DEPTH.labels(stats.source).set(stats.queue_depth)
-        for seconds in stats.step_seconds:
-            metrics.PIPELINE_STAGE_SECONDS.labels(stats.source).observe(seconds)
-        metrics.PIPELINE_CONVERSATION_STATE_BYTES.labels(stats.source).set(
-            sum(stats.conversations.values())
-        )
-        metrics.PIPELINE_CONVERSATIONS_KEPT.labels(stats.source).set(len(stats.conversations))
-        self._shm_by_stage[stats.source] = stats.shm_bytes
-        metrics.PIPELINE_SHM_BYTES.set(sum(self._shm_by_stage.values()) + self._endpoint.shm_bytes())
-        if stats.token is not None and stats.token in self._stats_waiters:
-            waiting, done = self._stats_waiters[stats.token]
-            waiting.discard(stats.source)
-            if not waiting and not done.done():
-                done.set_result(None)

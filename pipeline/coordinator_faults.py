@@ -7,51 +7,92 @@
   flight fails and is cleared from the surviving stages; new requests are refused until the
   restarted stage is Ready, and it is told to forget the requests the crash failed.
 - A stage hangs (its worker blocked in a step, its event loop or socket reader stuck): it cannot
-  say so, so the coordinator asks every serving stage for its stats every ``hang_timeout_s / 4``
-  (the socket reader, the event loop and the worker each take part in the answer: the worker
-  answers between two steps), and a stage that has not answered within ``hang_timeout_s`` is
-  handled as crashed, then stopped (``kill_hook``: its process is killed) so that it is started
-  again. Without this a hung stage would fail every request it gets by the stream idle timeout,
-  for good.
+  say so, so the coordinator asks every serving stage for a sign of life every
+  ``hang_timeout_s / 4`` (``StatsRequest(fresh=False)``: the socket reader and the event loop
+  take part in every answer; the worker either answers itself between two steps, or has used
+  CPU time since the previous question, so that a long step that computes, a big prefill on a
+  slow machine, is not taken for a hang), and a stage that has not answered within
+  ``hang_timeout_s`` is handled as crashed, then stopped (``kill_hook``: its process is killed)
+  so that it is started again. Without this a hung stage would fail every request it gets by the
+  stream idle timeout, for good.
 - A control message cannot be queued (``SendError``): logged; what it would have caused ends by
   its own timeout (an abort, a stats question).
 - The coordinator's own socket reader dies: messages may be lost (chunks, acks), so every response
   in flight fails and is cleared everywhere, and the pipeline reports it (``failure``, /healthz)
   until every stage was heard through the new reader.
 
-A mixin of ``Coordinator``: it works on the coordinator's state, on its event loop. Per-fault
-state: ``_crashed`` (stage -> why, until it is Ready again), ``_casualties`` (requests a crash
-failed, until no stage is down), ``_deaf`` (why the reader died, until the stages were heard).
+A mixin of ``Coordinator``, typed against ``CoordinatorCore`` (what it needs of it, so that the
+two modules do not import each other): it works on the coordinator's state, on its event loop.
+Per-fault state: ``_crashed`` (stage -> why, until it is Ready again), ``_casualties`` (requests
+a crash failed, until no stage is down), ``_deaf`` (why the reader died, until the stages were
+heard).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
-from pipeline.flights import Flight, PipelineError
-from pipeline.proto import Abort, ControlMessage
-from pipeline.transport.base import send_control
-
-if TYPE_CHECKING:
-    from pipeline.coordinator import Coordinator
+from pipeline.config import PipelineConfig
+from pipeline.coordinator_stats import StatsQuestions
+from pipeline.flights import Flight, PendingAbort, PipelineError
+from pipeline.proto import Abort, ControlMessage, RecentIds, StageStats
+from pipeline.scheduling.conversation_keeping import ConversationKeeping
+from pipeline.transport.base import Endpoint, send_control
 
 log = logging.getLogger(__name__)
 
 
+class CoordinatorCore(Protocol):
+    """What the fault handling needs of the coordinator it is mixed into (its state and its
+    request lifecycle), so that this module does not import ``pipeline.coordinator``."""
+
+    config: PipelineConfig
+    conversations: ConversationKeeping
+    kill_hook: Callable[[str, str], None] | None
+    _endpoint: Endpoint
+    _flights: dict[str, Flight]
+    _aborts: dict[str, PendingAbort]
+    _ended: RecentIds
+    _ready_stages: set[str]
+    _all_ready: asyncio.Event
+    _broken: PipelineError | None
+    _questions: StatsQuestions
+    _crashed: dict[str, str]
+    _casualties: set[str]
+    _deaf: str | None
+    _background: set[asyncio.Task[None]]
+    _closed: bool
+
+    def abort(self, request_id: str, keep_answer_tokens: int | None = None) -> Awaitable[None]: ...
+    def stage_stats(self, timeout: float = 5.0) -> Awaitable[dict[str, StageStats]]: ...
+    def _broadcast_abort(
+        self, request_id: str, conversation: tuple[str, int | None] | None = None
+    ) -> PendingAbort: ...
+    def _on_ack(self, rid: str, source: str) -> None: ...
+    def _dead_stages(self) -> set[str]: ...
+    def _send(self, target: str, message: ControlMessage) -> bool: ...
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None: ...
+    def _abort_everywhere(self, rid: str) -> None: ...
+    def _fail_flight(self, rid: str, flight: Flight, error: PipelineError) -> None: ...
+    def on_stage_crashed(self, stage: str, error: str) -> None: ...
+    def _serve_if_whole(self) -> None: ...
+    def _on_hung(self, stage: str) -> None: ...
+
+
 class CoordinatorFaults:
-    def _send(self: Coordinator, target: str, message: ControlMessage) -> bool:
+    def _send(self: CoordinatorCore, target: str, message: ControlMessage) -> bool:
         """Send a control message; False (and a log line) when it could not be queued."""
         return send_control(self._endpoint, target, message, "coordinator")
 
-    def _in_background(self: Coordinator, work: Coroutine[Any, Any, None]) -> None:
+    def _in_background(self: CoordinatorCore, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _on_failed(self: Coordinator, rid: str, source: str, error: str) -> None:
+    def _on_failed(self: CoordinatorCore, rid: str, source: str, error: str) -> None:
         flight = self._flights.get(rid)
         log.warning("request %s failed in stage %s: %s", rid, source, error)
         if flight is None and rid in self._ended:
@@ -61,7 +102,7 @@ class CoordinatorFaults:
         self.conversations.end(rid, "failed", None)
         self._abort_everywhere(rid)
 
-    def _abort_everywhere(self: Coordinator, rid: str) -> None:
+    def _abort_everywhere(self: CoordinatorCore, rid: str) -> None:
         """Clear a failed request from every live stage, like an abort (the others may still hold
         it: a fan-in buffer, a talker waiting for text, would wait forever), and await the acks in
         the background. Broadcast now, not in the task: the stream may end first and its ended id
@@ -70,13 +111,13 @@ class CoordinatorFaults:
             self._broadcast_abort(rid)
         self._in_background(self.abort(rid))
 
-    def _fail_flight(self: Coordinator, rid: str, flight: Flight, error: PipelineError) -> None:
+    def _fail_flight(self: CoordinatorCore, rid: str, flight: Flight, error: PipelineError) -> None:
         failed = flight.fail(error)
         self.conversations.end(rid, "failed", None)
         if failed:
             self._abort_everywhere(rid)  # the stages that still work may hold it
 
-    def on_stage_crashed(self: Coordinator, stage: str, error: str) -> None:
+    def on_stage_crashed(self: CoordinatorCore, stage: str, error: str) -> None:
         """A stage is gone: fail everything in flight (and clear it from the surviving stages),
         refuse new requests, stop waiting for it.
 
@@ -93,13 +134,10 @@ class CoordinatorFaults:
             self._fail_flight(rid, flight, self._broken)
         for rid in list(self._aborts):
             self._on_ack(rid, stage)
-        for token, (waiting, done) in list(self._stats_waiters.items()):
-            waiting.discard(stage)
-            if not waiting and not done.done():
-                done.set_result(None)
+        self._questions.forget(stage)
         self._all_ready.set()
 
-    def _on_recovered(self: Coordinator, stage: str) -> None:
+    def _on_recovered(self: CoordinatorCore, stage: str) -> None:
         """A restarted stage is Ready: serve again once no stage is down.
 
         Messages for requests the crash failed may still reach the new process (ZMQ re-delivers
@@ -113,7 +151,7 @@ class CoordinatorFaults:
             self._casualties.clear()
         self._serve_if_whole()
 
-    def _serve_if_whole(self: Coordinator) -> None:
+    def _serve_if_whole(self: CoordinatorCore) -> None:
         """Serve again when no stage is down and the reader hears; else say what still is wrong."""
         if self._closed or self._deaf is not None:
             return
@@ -123,7 +161,7 @@ class CoordinatorFaults:
         else:
             self._broken = None
 
-    def _on_reader_died(self: Coordinator, err: Exception) -> None:
+    def _on_reader_died(self: CoordinatorCore, err: Exception) -> None:
         """Messages to the coordinator may have been lost: no response in flight can be trusted
         to end, so each fails and is cleared everywhere; the aborts awaiting acks are sent again
         (aborts are idempotent), and the pipeline refuses requests until it hears every stage."""
@@ -137,7 +175,7 @@ class CoordinatorFaults:
             for stage in pending.pending:
                 self._send(stage, pending.message)
 
-    async def _watch_stages(self: Coordinator) -> None:
+    async def _watch_stages(self: CoordinatorCore) -> None:
         """Find the stages that hang (see module doc); runs from ``start`` to ``close``."""
         timeout = self.config.hang_timeout_s
         while not self._closed:
@@ -145,21 +183,21 @@ class CoordinatorFaults:
             if self._deaf is not None:
                 continue  # nothing is heard now: the reader's own recovery asks every stage
             serving = self._ready_stages - self._dead_stages()
-            asked, silent = await self._ask_stats(serving, timeout)
+            asked, silent = await self._questions.ask(serving, timeout, fresh=False)
             if self._closed or self._deaf is not None:
                 continue  # the answers may have been lost with the reader
             # A question that could not even be queued counts too: the stage does not read.
             for stage in sorted((silent | (serving - asked)) - self._dead_stages()):
                 self._on_hung(stage)
 
-    def _on_hung(self: Coordinator, stage: str) -> None:
+    def _on_hung(self: CoordinatorCore, stage: str) -> None:
         why = (f"no answer for {self.config.hang_timeout_s:g} s: its worker, event loop or socket "
                "reader hangs")
         self.on_stage_crashed(stage, why)
         if self.kill_hook is not None:
             self.kill_hook(stage, why)
 
-    async def _hear_again(self: Coordinator) -> None:
+    async def _hear_again(self: CoordinatorCore) -> None:
         """After a new reader started: serve again once every live stage answered through it."""
         while not self._closed:
             try:

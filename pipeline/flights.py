@@ -24,7 +24,8 @@ class PipelineError(RuntimeError):
 
 
 class PipelineOverloaded(RuntimeError):
-    """More than ``max_in_flight`` requests: rejected at once rather than queued without bound."""
+    """More than ``max_in_flight`` requests, or more than its owner's share (``admission``):
+    rejected at once rather than queued without bound."""
 
 
 @dataclass
@@ -35,6 +36,8 @@ class Flight:
     outcome: str = "aborted"
     """How it ended: ``done`` (every terminal completed), ``failed`` or ``aborted``."""
     keep_answer_tokens: int | None = None
+    owner: str | None = None
+    """The request's ``OmniRequest.owner`` (its share of ``max_in_flight``)."""
 
     def fail(self, error: PipelineError) -> bool:
         """End the stream with ``error``; False when it had ended already."""

@@ -46,6 +46,9 @@ class OmniRequest:
     request_id: str
     inputs: dict[str, Any]
     params: dict[str, Any] = field(default_factory=dict)
+    owner: str | None = None
+    """Who asks (a session id, an API client), for the fair share of ``max_in_flight``
+    (``pipeline/admission.py``); None: bounded by ``max_in_flight`` only. Never sent to a stage."""
 
 
 @dataclass
@@ -193,9 +196,17 @@ class AbortAck:
 
 @dataclass
 class StatsRequest:
-    """Ask a stage for a fresh StageStats; ``token`` pairs the reply with the question."""
+    """Ask a stage for a fresh StageStats; ``token`` pairs the reply with the question.
+
+    ``fresh``: the counts after every command queued so far (the worker thread answers, between
+    two steps). ``fresh=False`` (the coordinator's hang watch) asks for a sign of life only: the
+    stage's event loop answers at once with the counts it has when its worker thread ran since
+    the previous such question, so that a long step does not pass for a hang; else the worker
+    answers, as for a fresh one (a worker blocked for good never does).
+    """
 
     token: int
+    fresh: bool = True
 
 
 @dataclass

@@ -194,6 +194,8 @@ class Stage:
                     self._report(AbortAck(rid, self.name))
             case DropConversation(conversation_id=cid, request_id=rid):
                 self._work().drop_conversation(cid, rid)
+            case StatsRequest(token=token, fresh=False) if self._work().progressed():
+                self._send_stats(token)  # alive, in a long step: the counts can wait
             case StatsRequest(token=token):
                 self._work().ask_counts(token)
             case _:

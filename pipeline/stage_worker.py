@@ -74,6 +74,7 @@ class StageWorker:
         self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
         self._urgent: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._ended = RecentIds(ENDED_MEMORY)
+        self._cpu_seen = 0.0  # the thread's CPU seconds at the last ``progressed`` (loop's)
         self._thread = threading.Thread(target=self._work, name=f"stage-{name}", daemon=True)
 
     # --- called on the event loop ---------------------------------------------------------
@@ -105,6 +106,21 @@ class StageWorker:
     def depth(self) -> int:
         """Commands waiting (both lanes)."""
         return self._commands.qsize() + self._urgent.qsize()
+
+    def progressed(self) -> bool:
+        """Whether the worker thread used CPU time since the previous call: a step that computes
+        (on the CPU, or waiting on a GPU, which torch does by spinning) does, a worker blocked for
+        good (a deadlock, a wait that never returns) does not. False where the thread's CPU clock
+        cannot be read (not Linux): the worker then answers for itself between two steps."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():  # a finished thread's id names no clock
+            return False
+        try:
+            used = time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (AttributeError, OSError):
+            return False
+        ran, self._cpu_seen = used > self._cpu_seen, used
+        return ran
 
     # --- worker thread --------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ the record says so: ``close``, a failed request, or an eviction. Evictions pick 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline.proto import OmniRequest
@@ -121,7 +121,7 @@ class ConversationBook:
         record.busy, record.resumed, record.messages = request.request_id, resume, len(messages)
         record.until = partial_until(request.params)
         self._by_request[request.request_id] = cid
-        return OmniRequest(request.request_id, inputs, params)
+        return replace(request, inputs=inputs, params=params)
 
     @staticmethod
     def _continues(record: _Record, messages: list[Any], params: dict[str, Any]) -> bool:

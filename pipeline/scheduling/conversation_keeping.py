@@ -22,8 +22,9 @@ from pipeline.scheduling.conversation_book import SESSION_PARAM, Budget, Convers
 
 log = logging.getLogger(__name__)
 
-Cut = Callable[[str, tuple[str, int | None]], Awaitable[None]]
-"""Broadcast an Abort of (request, (conversation, answer tokens to keep)) and wait for the acks."""
+Cut = Callable[[str, tuple[str, int | None]], Awaitable[bool]]
+"""Broadcast an Abort of (request, (conversation, answer tokens to keep)) and wait for the acks;
+False when some stage did not acknowledge it in time (its state is then unknown)."""
 
 
 class ConversationKeeping:
@@ -74,8 +75,10 @@ class ConversationKeeping:
         undo = self.book.open_to_undo(request)
         if undo is not None:
             log.info("conversation %s: the open turn of %s is abandoned; undone", cid, undo)
-            await self._cut(undo, (str(cid), None))
-            self.book.undo_open(str(cid))
+            if await self._cut(undo, (str(cid), None)):
+                self.book.undo_open(str(cid))
+            else:
+                self._forget(str(cid))
 
     def begin(self, request: OmniRequest) -> OmniRequest:
         """The request to submit (see ConversationBook.begin); unchanged when no stage keeps any."""
@@ -106,15 +109,15 @@ class ConversationKeeping:
     async def cut_ended(self, request_id: str, keep_answer_tokens: int) -> None:
         """A barge-in on a request that already ended: cut it if it made a kept state."""
         for cid in self.book.conversations_made_by(request_id):
-            await self._cut(request_id, (cid, keep_answer_tokens))
+            if not await self._cut(request_id, (cid, keep_answer_tokens)):
+                self._forget(cid)
 
     async def close(self, cid: str) -> None:
         """The session closed: abort its request in flight, then free everything kept for it."""
         busy = self.book.busy_request(cid)
         if busy is not None:
             await self._abort(busy, None)
-        self.book.close(cid)
-        self._drop(cid, None)
+        self._forget(cid)
 
     def stop(self) -> None:
         """The coordinator closes: no budget check may outlive it."""
@@ -146,6 +149,12 @@ class ConversationKeeping:
             for cid, rid in self.book.evictions(stats[stage].conversations, self._budgets[stage]):
                 log.info("conversation %s: kept state evicted (stage %s over budget)", cid, stage)
                 self._drop(cid, rid)
+
+    def _forget(self, cid: str) -> None:
+        """Nobody vouches for what the stages keep for ``cid`` (a cut some stage did not
+        acknowledge, or the session closed): free it everywhere; its next request starts afresh."""
+        self.book.close(cid)
+        self._drop(cid, None)
 
     def _drop(self, cid: str, rid: str | None) -> None:
         for stage in self._keepers:

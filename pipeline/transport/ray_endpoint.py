@@ -5,6 +5,9 @@ time per sender and target (``ray_wire.Link``). Stage -> front end: a front end 
 which cannot serve calls, so it long-polls every stage actor (``StageActor.poll``, one call
 outstanding per stage, answered as soon as the stage has something for it or after ``POLL_WAIT_S``).
 
+A request's data that a link could not deliver (``ray_wire.Link``) fails the request: a front end
+hears a ``Failed`` for it at once (from itself for a Submit, from the sending stage otherwise).
+
 Several front ends may share one set of stage actors. A stage remembers which front end each
 request came from (the ``origin`` of its messages, carried on from stage to stage) and answers
 that one; stage-wide messages (Ready, periodic StageStats) go to every front end, and a stage
@@ -21,7 +24,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ray.exceptions import RayError
@@ -30,6 +33,7 @@ from pipeline.proto import (
     COORDINATOR,
     Abort,
     ControlMessage,
+    Failed,
     Ready,
     Shutdown,
     StageCrashed,
@@ -93,7 +97,7 @@ class StageEndpoint:
             return
         link = self._links.get(target)
         if link is None:
-            link = self._links[target] = Link(target, lambda: self._lookup(target))
+            link = self._links[target] = Link(target, lambda: self._lookup(target), self._lost)
         rid = request_id_of(message)
         link.push((self._routes.get(rid) if rid is not None else None, message))
 
@@ -142,6 +146,11 @@ class StageEndpoint:
 
     def leave(self, front: str) -> None:
         self._fronts.pop(front, None)
+
+    def _lost(self, rid: str, why: str) -> None:
+        """This stage's output for ``rid`` did not reach the next stage: the request cannot end
+        there, so its front end fails it (and aborts it everywhere) now."""
+        self._to_fronts(Failed(rid, self.name, why))
 
     # --- routing to front ends ------------------------------------------------------------
 
@@ -204,7 +213,7 @@ class FrontEndpoint:
         self._terminals = frozenset(terminals)
         self._on_lost = on_lost
         self._inbox = Inbox()
-        self._links = {stage: Link(stage, lambda h=h: h) for stage, h in handles.items()}
+        self._links = {stage: Link(stage, lambda h=h: h, self._lost) for stage, h in handles.items()}
         self._open: dict[str, set[str]] = {}
         self._tokens: dict[int, int] = {}
         self._token_ids = itertools.count(random.getrandbits(40) << 20)
@@ -230,7 +239,7 @@ class FrontEndpoint:
         elif isinstance(message, StatsRequest):
             unique = next(self._token_ids)
             self._tokens[unique] = message.token
-            message = StatsRequest(unique)
+            message = replace(message, token=unique)
         self._links[target].push((self.front_id, message))
 
     def open_requests(self) -> list[str]:
@@ -257,6 +266,11 @@ class FrontEndpoint:
         async with asyncio.timeout(timeout):
             await asyncio.gather(*(link.drained() for link in self._links.values()))
             await asyncio.gather(*(h.leave.remote(self.front_id) for h in self._handles.values()))
+
+    def _lost(self, rid: str, why: str) -> None:
+        """A request's Submit did not reach its entry stage: no stage will answer it, so the
+        coordinator hears that it failed, as from a stage (``Failed``), instead of waiting."""
+        self._receive(Failed(rid, "pipeline", why))
 
     def _receive(self, message: ControlMessage) -> None:
         if isinstance(message, StageCrashed):

@@ -19,9 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ray.exceptions import RayError
-
-from pipeline.proto import ControlMessage
+from pipeline.proto import ControlMessage, StreamChunk, StreamDone, Submit
 from pipeline.transport.shm import ShmWriter, loads
 
 log = logging.getLogger(__name__)
@@ -49,6 +47,18 @@ def request_id_of(message: ControlMessage) -> str | None:
     return rid
 
 
+OnLost = Callable[[str, str], None]
+"""``(request id, why)``: a request's data (Submit, StreamChunk, StreamDone) was not delivered."""
+
+
+def _carried(batch: list[Item]) -> list[str]:
+    """The requests whose data ``batch`` carries, once each, in order. Other messages (an abort,
+    a stats question, a drop) end by their own timeouts when lost."""
+    data = (Submit, StreamChunk, StreamDone)
+    rids = (m.payload.request_id for _, m in batch if isinstance(m, data))
+    return list(dict.fromkeys(rids))
+
+
 class Link:
     """The batches one endpoint sends to one stage actor, one actor call at a time.
 
@@ -56,13 +66,16 @@ class Link:
     fetched from the object store is overtaken), and the stages need every sender's messages in
     order; so the next batch leaves only once the previous one was delivered. Messages queued
     meanwhile coalesce into that next batch, so a busy edge sends fewer, larger calls. A batch
-    whose call failed (the target died) is dropped: the requests it carried are failed by the
-    supervisor's crash path. Owned by one endpoint on one event loop until ``close``.
+    that could not be delivered (the target died or is away, or it could not be pickled) is
+    dropped, and ``on_lost`` hears of every request whose data it carried, so that the request
+    fails at once instead of waiting for the stream's idle timeout. Owned by one endpoint on one
+    event loop until ``close``.
     """
 
-    def __init__(self, target: str, handle: Callable[[], Any]) -> None:
+    def __init__(self, target: str, handle: Callable[[], Any], on_lost: OnLost) -> None:
         self._target = target
         self._handle = handle
+        self._on_lost = on_lost
         self._pending: list[Item] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -78,10 +91,12 @@ class Link:
                 batch, self._pending = self._pending, []
                 try:
                     await self._handle().deliver.remote(encode(batch))
-                except RayError as err:
-                    log.warning("%d messages to %s lost: %s", len(batch), self._target, err)
-                except Exception:  # noqa: BLE001 - e.g. an unpicklable message: drop, keep the link
-                    log.exception("%d messages to %s dropped", len(batch), self._target)
+                except Exception as err:  # noqa: BLE001 - RayError, or an unpicklable message
+                    # Not raised: the link serves the next batch (the target may be back by then).
+                    log.warning("%d messages to %s lost: %r", len(batch), self._target, err)
+                    why = f"lost on the way to stage {self._target}: {type(err).__name__}: {err}"
+                    for rid in _carried(batch):
+                        self._on_lost(rid, why)
         finally:
             self._task = None
 

@@ -151,6 +151,17 @@ async def test_two_front_ends_share_the_stage_actors(front: Coordinator) -> None
     await wait_clear(front)
 
 
+async def test_a_request_that_cannot_be_delivered_fails_at_once(front: Coordinator) -> None:
+    # A param that cannot be pickled: its Submit never leaves this front end. The stream's idle
+    # timeout (60 s) must not be what ends it.
+    request = make_request(turn("undeliverable"), unpicklable=lambda: None)
+    with pytest.raises(PipelineError, match="lost on the way to stage thinker"):
+        await collect(front, request, timeout=10)
+    await wait_clear(front)
+    outcome = await collect(front, make_request(turn("delivered")))
+    assert outcome.text == expected_text(turn("delivered"), ANSWER)
+
+
 async def test_an_abort_storm_leaves_no_state_on_any_node(front: Coordinator) -> None:
     rng = random.Random(16)
 
