@@ -166,7 +166,7 @@ class Coordinator(CoordinatorFaults):
         # stage after the Abort, be dropped as late data, and the stream would wait forever.
         if rid in self._flights or rid in self._ended or rid in self._aborts:
             raise ValueError(f"request id {rid!r} was already used")
-        admission.check(self.config, (f.owner for f in self._flights.values()), request.owner)
+        self.check_admission(request.owner)
         flight = Flight(pending_terminals=set(self.config.terminals), owner=request.owner)
         request = self.conversations.begin(request)
         self._flights[rid] = flight
@@ -301,6 +301,11 @@ class Coordinator(CoordinatorFaults):
     @property
     def requests_in_flight(self) -> int:
         return len(self._flights)
+
+    def check_admission(self, owner: str | None) -> None:
+        """Raise PipelineOverloaded when a request of ``owner`` would be refused now: a caller
+        that must decode a request's inputs first asks before doing that work."""
+        admission.check(self.config, (f.owner for f in self._flights.values()), owner)
 
     # --- control plane --------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 from duplex.api.auth import app_state, require_key
 from duplex.api.chat_request import ChatRequest, model_messages, parse_request, request_schema
 from duplex.api.errors import ERROR_RESPONSES, APIError, error_body, read_body, require_pipeline
+from duplex.client_address import limit_key
 from duplex.media.pcm import float_to_pcm16
 from duplex.media.resample import Resampler
 from duplex.protocol.wire_audio import PCM_RATE, OutboundEncoder
@@ -243,10 +244,14 @@ async def chat_completions(request: Request) -> Response:
     except (ValueError, RecursionError):
         raise APIError(400, "the request body is not valid JSON", "invalid_json") from None
     chat = parse_request(payload, state.settings.voices)
-    if pipeline.requests_in_flight >= pipeline.config.max_in_flight:
+    # Each client address is one owner of the pipeline's fair share (pipeline/admission.py): one
+    # client's flood of completions fails that client, not a session's turn.
+    owner = f"chat:{limit_key(request.client)}"
+    try:
         # Refused before its audio is decoded: an overloaded server does no work for it.
-        raise _overloaded(f"{pipeline.requests_in_flight} requests in flight "
-                          f"(max_in_flight={pipeline.config.max_in_flight})")
+        pipeline.check_admission(owner)
+    except PipelineOverloaded as err:
+        raise _overloaded(str(err)) from None
     max_audio_s = state.settings.session.max_input_audio_s
     messages = await asyncio.to_thread(model_messages, chat, max_audio_s)
     completion = _Completion(chat, chat.model or state.settings.preset)
@@ -256,7 +261,7 @@ async def chat_completions(request: Request) -> Response:
               "max_output_tokens": chat.max_output_tokens}
     log_.info("completion: request %s, %d messages, stream=%s, modalities=%s",
               completion.request_id, len(messages), chat.stream, params["modalities"])
-    omni = OmniRequest(completion.request_id, {"messages": messages}, params)
+    omni = OmniRequest(completion.request_id, {"messages": messages}, params, owner=owner)
     stream: _Stream = pipeline.stream(omni)  # type: ignore[assignment]  # an async generator
     try:
         first = await _until_disconnect(request, anext(stream, None))
