@@ -4,19 +4,26 @@ Each event is validated and dispatched to the Session; anything wrong (unknown t
 bad fields, an action the session's state does not allow) becomes an ``error`` event that names
 the problem, and the session goes on. A ClientEvents belongs to one transport binding; its only
 state beyond its session is which of the history's items its client created (``conversation.item
-.create``), so that those stay within the caps below, and the decoder of the audio it appends
-(wire format to the session's 16 kHz float32). It changes the session only through the
-session's methods.
+.create``), so that those stay within the caps below, the decoder of the audio it appends (wire
+format to the session's 16 kHz float32), and the connection's two audio budgets. It changes the
+session only through the session's methods.
+
+No client input holds the event loop long (DESIGN.md invariant 9): every piece of audio is counted
+against its budget (and an item's against the caps) from its base64 length, before it is decoded;
+anything longer than :data:`OFF_LOOP_MIN_S` is decoded off the loop (``duplex.media.offloop``);
+a long append goes through the VAD in slices. Events stay in order: the binding hands over the
+next event only once this one's handler, decode included, has returned.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from duplex.media.offloop import off_loop
 from duplex.protocol.events import RealtimeError, error_event, event, new_id
 from duplex.protocol.items import wire_item
 from duplex.protocol.response_create import response_spec
@@ -25,7 +32,7 @@ from duplex.protocol.wire_audio import AudioFormatError, InboundDecoder, wire_se
 from duplex.rate_limit import TokenBucket
 from duplex.session.history import FunctionCall, Item
 from duplex.session.session import Session
-from duplex.turns.vad import SAMPLE_RATE
+from duplex.turns.vad import SAMPLE_RATE, WINDOW
 
 MAX_TEXT_CHARS = 100_000
 # Caps on what a client's own items (``conversation.item.create``) hold in the history at once; a
@@ -34,7 +41,8 @@ MAX_TEXT_CHARS = 100_000
 # (64 kB a second); 10 minutes of it, ~38 MB, is five times the longest user turn (120 s) and keeps
 # eight sessions' client audio within ~300 MB. One message (16 MiB of base64) can carry ~4 minutes.
 MAX_CLIENT_ITEMS = 32
-MAX_CLIENT_AUDIO_BYTES = 600 * 16000 * 4
+HELD_BYTES_PER_S = SAMPLE_RATE * 4
+MAX_CLIENT_AUDIO_BYTES = 600 * HELD_BYTES_PER_S
 # Appended audio per connection, in seconds of audio a second: a client may upload faster than
 # real time (a recorded file, a catch-up after a stall), but the VAD runs over every second it
 # sends, on the event loop every session shares. 8x real time costs ~4 % of a core; the burst
@@ -42,6 +50,19 @@ MAX_CLIENT_AUDIO_BYTES = 600 * 16000 * 4
 # decoded (its length says how much audio it holds).
 AUDIO_RATE_S = 8.0
 AUDIO_BURST_S = 120.0
+# The audio of the client's own items (``conversation.item.create``, ``response.create``'s
+# ``input``) per connection: no VAD runs over it, but each second is decoded and resampled, so it has
+# a budget too, at the same rate. Its burst lets a client fill its share of the history
+# (MAX_CLIENT_AUDIO_BYTES, 600 s) at once and replace a part of it; a client that creates and
+# deletes two-minute items in a loop has the seventh refused, before it is decoded.
+ITEM_AUDIO_RATE_S = AUDIO_RATE_S
+ITEM_AUDIO_BURST_S = 1.25 * MAX_CLIENT_AUDIO_BYTES / HELD_BYTES_PER_S
+# Audio shorter than this is decoded on the loop (~0.4 ms a second of 24 kHz pcm16): the hop to a
+# thread and back would cost more than the work.
+OFF_LOOP_MIN_S = 1.0
+# A long append goes through the VAD this many samples at a time, the loop running other work in
+# between: 8 windows (256 ms of audio) are ~2 ms of inference.
+VAD_SLICE = 8 * WINDOW
 
 
 def _field(message: dict[str, Any], name: str, kind: type, required: bool = True) -> Any:
@@ -61,12 +82,30 @@ def client_event_id(message: Any) -> str | None:
     return event_id if isinstance(event_id, str) else None
 
 
+class AudioBudget:
+    """Seconds of audio a second that one connection may send for one use (a TokenBucket); what
+    goes beyond is refused with a ``rate_limited`` error that names the limits. Lives as long as
+    the ClientEvents that owns it."""
+
+    def __init__(self, what: str, rate_s: float, burst_s: float) -> None:
+        self._what = what
+        self._bucket = TokenBucket(rate_s, burst_s)
+
+    def take(self, seconds: float, param: str) -> None:
+        if not self._bucket.take(seconds):
+            raise RealtimeError(
+                f"more than {self._bucket.rate:.0f} s of {self._what} a second (bursts of "
+                f"{self._bucket.burst:.0f} s): these {seconds:.1f} s were refused",
+                code="rate_limited", param=param)
+
+
 class ClientEvents:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._created: set[str] = set()  # ids of the client's items, as long as the history has them
         self._decoder: InboundDecoder | None = None  # input_audio_buffer.append's stream
-        self._audio_budget = TokenBucket(AUDIO_RATE_S, AUDIO_BURST_S)
+        self._audio_budget = AudioBudget("appended audio", AUDIO_RATE_S, AUDIO_BURST_S)
+        self._item_budget = AudioBudget("item audio", ITEM_AUDIO_RATE_S, ITEM_AUDIO_BURST_S)
 
     async def handle(self, message: Any) -> bool:
         """One client event (parsed JSON); a bad one becomes an ``error`` event. False when it is
@@ -103,18 +142,15 @@ class ClientEvents:
 
     async def _append(self, message: dict[str, Any]) -> None:
         """Audio in the session's input format, within the connection's audio budget
-        (:data:`AUDIO_RATE_S`). A long append goes through the VAD a second of audio at a time,
-        yielding between slices, so one client's upload never stalls the event loop that paces
-        everyone's audio."""
+        (:data:`AUDIO_RATE_S`), decoded off the loop when long; it goes through the VAD
+        :data:`VAD_SLICE` samples at a time, yielding between slices, so one client's upload never
+        stalls the event loop that paces everyone's audio."""
         b64 = _field(message, "audio", str)
         seconds = wire_seconds(self.session.config.input_format, b64)
-        if not self._audio_budget.take(seconds):
-            raise RealtimeError(
-                f"more than {AUDIO_RATE_S:.0f} s of audio a second (bursts of {AUDIO_BURST_S:.0f} s): "
-                f"this append of {seconds:.1f} s was dropped", code="rate_limited", param="audio")
-        audio = self._inbound().decode(b64)
-        for start in range(0, len(audio), SAMPLE_RATE):
-            self.session.on_audio(audio[start : start + SAMPLE_RATE])
+        self._audio_budget.take(seconds, "audio")
+        audio = await _decode(seconds, self._inbound().decode, b64)
+        for start in range(0, len(audio), VAD_SLICE):
+            self.session.on_audio(audio[start : start + VAD_SLICE])
             await asyncio.sleep(0)
 
     def _inbound(self) -> InboundDecoder:
@@ -131,13 +167,28 @@ class ClientEvents:
         self.session.send(event("input_audio_buffer.cleared"))
 
     async def _item_create(self, message: dict[str, Any]) -> None:
-        item = self._item(_field(message, "item", dict), "item")
-        self._check_caps(item)
+        item, audio = self._item(_field(message, "item", dict), "item")
+        seconds = self._seconds(audio)
+        self._check_caps(seconds)
+        self._item_budget.take(seconds, "item.content")
+        await self._decode_into(item, audio, seconds)
         self.session.conversation.create(item)
         self._created.add(item.id)
 
-    def _check_caps(self, item: Item) -> None:
-        """Refuse an item beyond :data:`MAX_CLIENT_ITEMS` or :data:`MAX_CLIENT_AUDIO_BYTES`."""
+    def _seconds(self, audio: Sequence[str]) -> float:
+        """How much audio base64 parts in the session's input format hold, before decoding."""
+        return sum(wire_seconds(self.session.config.input_format, part) for part in audio)
+
+    async def _decode_into(self, item: Item, audio: Sequence[str], seconds: float) -> None:
+        """Give ``item`` the audio of its base64 parts (off the loop when long)."""
+        if not audio:
+            return
+        item.audio = await _decode(seconds, _decode_parts, self.session.config.input_format, audio)
+        item.sample_rate = SAMPLE_RATE
+
+    def _check_caps(self, seconds: float) -> None:
+        """Refuse a new item beyond :data:`MAX_CLIENT_ITEMS`, or one whose ``seconds`` of audio
+        would pass :data:`MAX_CLIENT_AUDIO_BYTES` (before it is decoded)."""
         held = [i for i in self.session.history.items if i.id in self._created]
         self._created = {i.id for i in held}
         if len(held) >= MAX_CLIENT_ITEMS:
@@ -146,21 +197,23 @@ class ClientEvents:
                 f"(MAX_CLIENT_ITEMS = {MAX_CLIENT_ITEMS}); delete some first",
                 code="item_limit_exceeded", param="item")
         held_bytes = sum(i.audio.nbytes for i in held if i.audio is not None)
-        new_bytes = item.audio.nbytes if item.audio is not None else 0
+        new_bytes = round(seconds * HELD_BYTES_PER_S)
         if held_bytes + new_bytes > MAX_CLIENT_AUDIO_BYTES:
             raise RealtimeError(
                 f"the client's items would hold {held_bytes + new_bytes} bytes of audio (16 kHz "
                 f"float32), over the cap (MAX_CLIENT_AUDIO_BYTES = {MAX_CLIENT_AUDIO_BYTES}); "
                 "delete some first", code="item_limit_exceeded", param="item.content")
 
-    def _item(self, raw: dict[str, Any], param: str) -> Item:
+    def _item(self, raw: dict[str, Any], param: str) -> tuple[Item, list[str]]:
         """A client's item (``conversation.item.create``, ``response.input``): a message, a function
-        call's output, or a function call (a past one, as some clients replay their history)."""
+        call's output, or a function call (a past one, as some clients replay their history); and
+        its audio parts, base64 in the session's input format, still to be decoded (each a stream
+        of its own) once they fit the budget."""
         kind = raw.get("type", "message")
         item_id = raw.get("id") if isinstance(raw.get("id"), str) else new_id("item")
         if kind in ("function_call", "function_call_output"):
             return Item(item_id, "assistant" if kind == "function_call" else "user",
-                        call=self._call(raw, kind, param))
+                        call=self._call(raw, kind, param)), []
         if kind != "message":
             raise RealtimeError(f"item type {kind!r} is not supported", param=f"{param}.type")
         role = raw.get("role")
@@ -170,23 +223,20 @@ class ClientEvents:
         if not isinstance(content, list) or not content:
             raise RealtimeError(f"{param}.content must be a non-empty list", param=f"{param}.content")
         texts: list[str] = []
-        audio: list[np.ndarray] = []
+        audio: list[str] = []
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("input_text", "text", "output_text"):
                 texts.append(_field(part, "text", str))
             elif kind == "input_audio" and role == "user":
-                # An item's audio is a stream of its own, in the session's input format.
-                decoder = InboundDecoder(self.session.config.input_format)
-                audio.append(decoder.decode(_field(part, "audio", str)))
+                audio.append(_field(part, "audio", str))
             else:
                 raise RealtimeError(f"content type {kind!r} is not supported for {role}",
                                     param=f"{param}.content.type")
         text = "".join(texts) or None
         if text is not None and len(text) > MAX_TEXT_CHARS:
             raise RealtimeError(f"text longer than {MAX_TEXT_CHARS} characters", param=f"{param}.content")
-        return Item(item_id, role, text=text, audio=np.concatenate(audio) if audio else None,
-                    sample_rate=16000 if audio else None)
+        return Item(item_id, role, text=text), audio
 
     def _call(self, raw: dict[str, Any], kind: str, param: str) -> FunctionCall:
         call_id = _field(raw, "call_id", str)
@@ -200,14 +250,15 @@ class ClientEvents:
                      if i.call is not None and i.call.call_id == call_id), "")
         return FunctionCall(call_id, name, output=output)
 
-    def _input_item(self, raw: dict[str, Any], param: str) -> Item:
-        """An item of ``response.input``: a message, or a reference to an item of the history."""
+    def _input_item(self, raw: dict[str, Any], param: str) -> tuple[Item, list[str]]:
+        """An item of ``response.input`` and its audio still to decode (as :meth:`_item`): a
+        message, or a reference to an item of the history."""
         if raw.get("type") != "item_reference":
             return self._item(raw, param)
         item = self.session.history.get(raw.get("id"))  # type: ignore[arg-type]
         if item is None:
             raise RealtimeError(f"no item {raw.get('id')!r}", code="item_not_found", param=f"{param}.id")
-        return item
+        return item, []
 
     async def _item_retrieve(self, message: dict[str, Any]) -> None:
         item_id = _field(message, "item_id", str)
@@ -235,7 +286,12 @@ class ClientEvents:
         spec = response_spec(raw, session.config, [*session.voices, *session.defaults.voice_map])
         items = None
         if spec.input is not None:
-            items = [self._input_item(item, f"response.input[{i}]") for i, item in enumerate(spec.input)]
+            given = [self._input_item(item, f"response.input[{i}]") for i, item in enumerate(spec.input)]
+            seconds = [self._seconds(audio) for _, audio in given]
+            self._item_budget.take(sum(seconds), "response.input")
+            for (item, audio), item_seconds in zip(given, seconds, strict=True):
+                await self._decode_into(item, audio, item_seconds)
+            items = [item for item, _ in given]
         session.start_response(spec=spec, input_items=items)
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:
@@ -248,6 +304,18 @@ class ClientEvents:
     async def _output_clear(self, message: dict[str, Any]) -> None:
         self.session.audio.clear()
         await self.session.cancel_response("client_cancelled")
+
+
+async def _decode(seconds: float, decode: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+    """``decode(*args)``, of ``seconds`` of audio: on the loop when short (:data:`OFF_LOOP_MIN_S`),
+    else on the off-loop pool."""
+    return decode(*args) if seconds < OFF_LOOP_MIN_S else await off_loop(decode, *args)
+
+
+def _decode_parts(fmt: str, audio: Sequence[str]) -> np.ndarray:
+    """An item's base64 audio parts in ``fmt``, each a stream of its own, as one 16 kHz float32
+    array (on any thread: every part gets its own decoder)."""
+    return np.concatenate([InboundDecoder(fmt, SAMPLE_RATE).decode(part) for part in audio])
 
 
 # Each client event type and the ClientEvents method that handles it, as plain functions: bound

@@ -187,7 +187,10 @@ class SessionBinding:
                 f"more than {MAX_QUEUED_EVENTS} events waiting: event dropped", "rate_limited"))
 
     async def handle(self, message: dict[str, Any]) -> None:
-        """Handle one client event now; an unexpected failure becomes an ``error`` event."""
+        """Handle one client event now; an unexpected failure becomes an ``error`` event. Returns
+        only after the loop ran other work: a client's backlog of events (they wait in a queue that
+        answers at once while it holds any) is never handled as one long callback, even where each
+        handler completes without awaiting."""
         try:
             self._count_malformed(not await self.events.handle(message))
         except Exception:  # one bad event must not end the session or the server
@@ -195,6 +198,7 @@ class SessionBinding:
             self.log.exception("event %r failed", kind)
             self.session.send(error_event("the server failed to handle this event", "server_error",
                                           event_id=client_event_id(message), kind="server_error"))
+        await asyncio.sleep(0)
 
     async def _handle_queued(self) -> None:
         while True:
