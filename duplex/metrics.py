@@ -67,3 +67,11 @@ EVENT_LOOP_LAG_SECONDS = Histogram(
     "the loop delays every call's audio by)",
     buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
 )
+INBOUND_AUDIO_DROPPED_SECONDS = Counter(
+    "duplex_inbound_audio_dropped_seconds",
+    "Inbound media dropped before decoding because its peer sent it faster than real time (beyond "
+    "the slack for jitter: duplex/media/inbound_budget.py)",
+    ["transport"],
+)
+for _transport in TRANSPORTS:
+    INBOUND_AUDIO_DROPPED_SECONDS.labels(_transport)

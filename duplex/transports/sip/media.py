@@ -4,6 +4,9 @@
 (RTCP is read and ignored: we neither need reports nor send them). Inbound packets go through
 the reorder buffer, then by payload type to G.711 decoding (``on_audio``), the DTMF decoder
 (``on_dtmf``) or nowhere (comfort noise, RTCP multiplexed on the RTP port, unknown types).
+What the reorder buffer releases (a lost packet's concealment included) is charged to a
+:class:`~duplex.media.inbound_budget.RealTimeBudget` first: a peer sending faster than real time
+has the excess dropped before it is decoded.
 The sender pulls a frame from ``next_frame`` every 20 ms on the monotonic clock, on a deadline
 schedule like duplex/outbound.py, and keeps the RTP timestamp running through silence and hold.
 No RTP for ``media_timeout`` seconds while the peer is meant to send calls ``on_timeout``.
@@ -22,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from duplex.media.inbound_budget import RealTimeBudget
 
 from .handler import FRAME_SAMPLES, CallMedia
 from .jitter import ReorderBuffer
@@ -100,6 +105,7 @@ class RtpSession:
         self._buffer = ReorderBuffer()
         self._dtmf = DtmfDecoder()
         self._inbound_frame = FRAME_SAMPLES  # samples per inbound packet (the peer's ptime)
+        self._budget = RealTimeBudget("sip", log)
         self._last_rx = time.monotonic()
         # Send state: random initial values (RFC 3550 §5.1), the timestamp advancing 160 a tick.
         self._ssrc_out = random.getrandbits(32)
@@ -186,6 +192,8 @@ class RtpSession:
 
     def _deliver(self, packet: RtpPacket | None, neg: Negotiated, media: CallMedia,
                  arrival: float) -> None:
+        if not self._budget.admit(self._seconds(packet, neg)):
+            return
         try:
             if packet is None:  # lost: conceal with silence so the timeline keeps its length
                 media.on_audio(np.zeros(self._inbound_frame, dtype=np.int16), arrival)
@@ -201,6 +209,15 @@ class RtpSession:
                 self.log.debug("ignoring RTP payload type %d", packet.payload_type)
         except Exception:
             self.log.exception("call media failed on inbound audio")
+
+    def _seconds(self, packet: RtpPacket | None, neg: Negotiated) -> float:
+        """The media time a released packet (None: a lost one, to conceal) stands for."""
+        if packet is None:
+            return self._inbound_frame / 8000
+        if packet.payload_type == neg.payload_type:
+            return len(packet.payload) / 8000  # G.711: one byte a sample
+        # DTMF, comfort noise, unknown types: a frame each, so that a flood of them is bounded too.
+        return FRAME_SECONDS
 
     async def _watchdog(self) -> None:
         while True:

@@ -15,6 +15,10 @@ so the swap is a patch, tested against the installed aiortc (``TESTED_AIORTC``,
 tests/media/test_inbound_decoding.py). When a receiver lacks either attribute, the swap is skipped
 (logged once) and aiortc's thread decodes as before.
 
+Each frame is charged to the call's :class:`~duplex.media.inbound_budget.RealTimeBudget` before
+it is decoded, by the media time it holds (:func:`frame_seconds`): a peer that sends faster than
+real time has the excess dropped, undecoded, and counted (``transport="webrtc"``).
+
 aiortc still starts its decoder thread; it blocks in :meth:`LoopDecoder.get` until the receiver
 stops, puts ``None`` and that call returns ``None``: the thread then ends the track exactly as it
 does with its own queue. A LoopDecoder belongs to one receiver; its decoder lives as long as the
@@ -35,6 +39,8 @@ from aiortc.codecs.base import Decoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
+from duplex.media.inbound_budget import RealTimeBudget
+
 TESTED_AIORTC = "1.16.0"  # the aiortc whose private attributes the swap was written against
 _DECODER_QUEUE = "_RTCRtpReceiver__decoder_queue"
 
@@ -45,8 +51,10 @@ _warned = False
 class LoopDecoder:
     """Stands in for an ``RTCRtpReceiver``'s decoder queue (see module doc)."""
 
-    def __init__(self, frames: asyncio.Queue[Any]) -> None:
+    def __init__(self, frames: asyncio.Queue[Any], budget: RealTimeBudget | None = None) -> None:
         self._frames = frames  # the remote track's queue, read by track.recv()
+        # None: every frame is decoded, however fast it comes (as aiortc's own worker does).
+        self._budget = budget
         self._codec: str | None = None
         self._decoder: Decoder | None = None
         self._stopped = threading.Event()
@@ -58,6 +66,8 @@ class LoopDecoder:
             self._stopped.set()
             return
         codec, encoded_frame = task
+        if self._budget is not None and not self._budget.admit(frame_seconds(codec, encoded_frame.data)):
+            return
         if self._decoder is None or codec.name != self._codec:
             self._decoder, self._codec = get_decoder(codec), codec.name
         try:
@@ -73,9 +83,31 @@ class LoopDecoder:
         self._stopped.wait()
 
 
-def decode_on_loop(receiver: RTCRtpReceiver) -> bool:
-    """Swap ``receiver``'s decoder queue for a :class:`LoopDecoder`, before ``receive()`` starts
-    it (the ``track`` event is early enough). Returns whether the swap was made."""
+# Frame durations of an Opus packet's TOC configuration (RFC 6716 §3.1), in 2.5 ms units: SILK
+# 10/20/40/60 ms (configs 0-11), hybrid 10/20 ms (12-15), CELT 2.5/5/10/20 ms (16-31).
+_OPUS_FRAME_UNITS = [4, 8, 16, 24] * 3 + [4, 8] * 2 + [1, 2, 4, 8] * 4
+FALLBACK_SECONDS = 0.02  # what a packet of a codec we cannot measure is charged: one usual frame
+
+
+def frame_seconds(codec: RTCRtpCodecParameters, data: bytes) -> float:
+    """The media time an encoded audio frame holds, from its bytes alone (before decoding). No
+    library reads an Opus packet's duration without decoding it (libopus's
+    ``opus_packet_get_nb_samples`` is not exposed by PyAV or aiortc): the TOC byte says it."""
+    name = codec.name.lower()
+    if name == "opus" and data:
+        count = data[0] & 0x03  # frames in the packet: 1, 2, 2, or given by the next byte
+        frames = (1, 2, 2)[count] if count < 3 else (data[1] & 0x3F if len(data) > 1 else 0)
+        # A packet of no frames (malformed) still costs a decode attempt: one frame's worth.
+        return max(frames, 1) * _OPUS_FRAME_UNITS[data[0] >> 3] * 0.0025
+    if name in ("pcmu", "pcma", "g722"):
+        return len(data) / 8000  # 8000 bytes a second: G.711 a byte a sample, G.722 at 64 kbit/s
+    return FALLBACK_SECONDS
+
+
+def decode_on_loop(receiver: RTCRtpReceiver, log: logging.Logger | logging.LoggerAdapter = logger) -> bool:
+    """Swap ``receiver``'s decoder queue for a :class:`LoopDecoder` with a real-time budget (its
+    drops logged on ``log``: the call's), before ``receive()`` starts it (the ``track`` event is
+    early enough). Returns whether the swap was made."""
     global _warned
     frames = getattr(receiver.track, "_queue", None)
     if not hasattr(receiver, _DECODER_QUEUE) or not isinstance(frames, asyncio.Queue):
@@ -84,5 +116,5 @@ def decode_on_loop(receiver: RTCRtpReceiver) -> bool:
             logger.warning("this aiortc (tested: %s) has no decoder queue to swap: inbound audio "
                            "is decoded in aiortc's thread", TESTED_AIORTC)
         return False
-    setattr(receiver, _DECODER_QUEUE, LoopDecoder(frames))
+    setattr(receiver, _DECODER_QUEUE, LoopDecoder(frames, RealTimeBudget("webrtc", log)))
     return True
