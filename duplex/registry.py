@@ -35,9 +35,14 @@ class SessionRegistry:
         self.max_sessions = max_sessions
         self._slots: dict[str, SessionSlot] = {}
 
-    def admit(self, slot: SessionSlot) -> None:
+    def check_room(self) -> None:
+        """Raise TooManySessions when no slot is free: a transport asks before it builds a
+        session (VAD state, buffers) that a refusal would only throw away."""
         if len(self._slots) >= self.max_sessions:
             raise TooManySessions(f"the server is at its limit of {self.max_sessions} sessions")
+
+    def admit(self, slot: SessionSlot) -> None:
+        self.check_room()
         self._slots[slot.session_id] = slot
         metrics.SESSIONS_ACTIVE.labels(slot.transport).inc()
         metrics.SESSIONS_TOTAL.labels(slot.transport).inc()

@@ -68,17 +68,20 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     if pipeline is None:
         await _refuse(websocket, "the model pipeline is not ready", "pipeline_unavailable")
         return
+    try:
+        # Nothing awaits from here to admit(): the room checked is the room taken, and a refused
+        # client costs no Session (VAD state, buffers) left for the garbage collector.
+        state.registry.check_room()
+    except TooManySessions as err:
+        await _refuse(websocket, str(err), "too_many_sessions")
+        return
     connection = WebSocketConnection(websocket, state.settings, pipeline, state.registry,
                                      model or state.settings.preset,
                                      state.client_events.bucket(address))
     secret = websocket_secret(websocket)
     if secret is not None and secret.session is not None:
         apply_secret_session(connection.session, secret.session)
-    try:
-        connection.admit()
-    except TooManySessions as err:
-        await _refuse(websocket, str(err), "too_many_sessions")
-        return
+    connection.admit()
     await connection.run()
     if connection.closing is not None and connection.closing.clients_fault:
         # Closed for breaking a rule (flooding, garbage): no new session for a while.

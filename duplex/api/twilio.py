@@ -99,11 +99,12 @@ async def media_stream(websocket: WebSocket, token: str | None = None) -> None:
     if pipeline is None:
         await websocket.close(CLOSE_TRY_AGAIN_LATER, "the model pipeline is not ready")
         return
-    connection = TwilioConnection(websocket, settings, pipeline, state.registry, settings.preset,
-                                  start)
     try:
-        connection.admit()
+        state.registry.check_room()  # before a Session is built; nothing awaits until admit()
     except TooManySessions as err:
         await websocket.close(CLOSE_TRY_AGAIN_LATER, str(err)[:120])
         return
+    connection = TwilioConnection(websocket, settings, pipeline, state.registry, settings.preset,
+                                  start)
+    connection.admit()
     await connection.run()

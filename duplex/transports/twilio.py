@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from duplex.media.inbound_budget import RealTimeBudget
 from duplex.media.marked_playout import MarkedPlayout
 from duplex.media.pcm import pcm16_to_float, ulaw_decode, ulaw_encode
 from duplex.media.resample import Resampler
@@ -129,6 +130,7 @@ class TwilioConnection:
         self._inbound = Resampler(TWILIO_RATE, SESSION_RATE)
         self._task: asyncio.Task[Any] | None = None
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
+        self._budget = RealTimeBudget("twilio", self.log)
         self.log.info("stream %s authenticated (call %s)", self.stream_sid, start.call_sid)
 
     def admit(self) -> None:
@@ -205,8 +207,13 @@ class TwilioConnection:
         media = _field(event, "media", dict)
         if media.get("track", "inbound") != "inbound":
             return
+        payload = str(media.get("payload", ""))
+        # μ-law: a byte a sample, three bytes for every four base64 characters; charged before
+        # anything is decoded, as RTP is.
+        if not self._budget.admit((len(payload) * 3 // 4 - payload[-2:].count("=")) / TWILIO_RATE):
+            return
         try:
-            pcm = ulaw_decode(base64.b64decode(str(media.get("payload", "")), validate=True))
+            pcm = ulaw_decode(base64.b64decode(payload, validate=True))
         except (binascii.Error, ValueError) as err:
             raise TwilioStreamError(f"media payload is not base64: {err}") from None
         samples = self._inbound.push(pcm16_to_float(pcm))

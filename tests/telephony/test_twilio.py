@@ -212,3 +212,28 @@ async def test_the_voice_webhook_connects_the_call_to_the_stream(server: ServerP
     host = server.url.removeprefix("http://")
     assert f'<Stream url="ws://{host}/v1/telephony/twilio">' in response.text
     assert response.text.startswith('<?xml version="1.0"') and "<Connect>" in response.text
+
+
+async def test_media_faster_than_real_time_has_its_excess_dropped_before_decoding(
+        server: ServerProcess) -> None:
+    """20 s of media sent at once: the stream's real-time budget (1.5x, bursts of 2 s) lets a few
+    seconds through and counts the rest as dropped; the call goes on."""
+    dropped = "duplex_inbound_audio_dropped_seconds_total"
+    before = server.metric(dropped, {"transport": "twilio"})
+    url = server.url.replace("http://", "ws://") + "/v1/telephony/twilio"
+    frame = base64.b64encode(ulaw_encode(np.zeros(FRAME, dtype=np.float32))).decode()
+    media = json.dumps({"event": "media", "streamSid": "MZflood", "media": {"payload": frame}})
+    async with websockets.connect(url) as ws:
+        await ws.send(CONNECTED)
+        await ws.send(start_message("MZflood"))
+        for _ in range(1000):  # 20 s of 20 ms frames, as fast as the socket takes them
+            await ws.send(media)
+        deadline = asyncio.get_running_loop().time() + TIMEOUT
+        # The server counts as it reads: the counter lives in another process, so it is polled.
+        while server.metric(dropped, {"transport": "twilio"}) - before < 10:
+            assert asyncio.get_running_loop().time() < deadline, "the excess was not dropped"
+            await asyncio.sleep(0.1)
+        dropped_s = server.metric(dropped, {"transport": "twilio"}) - before
+        assert dropped_s <= 20 - 2 + 1e-6  # the burst and what refilled meanwhile went through
+        await ws.send(json.dumps({"event": "stop", "streamSid": "MZflood"}))
+    await wait_sessions_gone(server)

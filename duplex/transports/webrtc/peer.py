@@ -160,7 +160,7 @@ class CallPeer:
             return
         for receiver in self._pc.getReceivers():
             if receiver.track is track:
-                decode_on_loop(receiver)
+                decode_on_loop(receiver, self._log)
         self._reader = asyncio.create_task(self._read_inbound(track))
 
     async def _read_inbound(self, track: MediaStreamTrack) -> None:
