@@ -96,9 +96,13 @@ class KeptModelState:
             params[OPEN_PARAM] = held[1]
         return params
 
-    def withdraw(self) -> None:
-        """The last request was aborted and kept nothing: the state is what it was before it (or
-        nothing, where that request began a new conversation)."""
+    def withdraw(self, request_id: str) -> None:
+        """``request_id`` was aborted and kept nothing. Where it is the last request, the state is
+        what it was before it (or nothing, where that request began a new conversation); where a
+        newer request was built since, that one's baseline stands (it was set against the
+        withdrawn one, and freed or continued what the pipeline keeps accordingly)."""
+        if request_id != self._request:
+            return
         self._keys, self._open = self._before
         # Its abort may still be on its way, and the answer the state ends with is not known here.
         self._request = self._answer = None

@@ -4,8 +4,9 @@ A Response belongs to one session and lives until its ``response.done`` went out
 pipeline request its session built, sends the model's text as transcript deltas (as they come, so
 always before the audio they describe) and hands the audio to the session's AgentAudio, and
 finishes as ``completed`` (every sample played out or sent), ``cancelled`` (barge-in,
-``response.cancel``, session end: the pipeline request is aborted and acknowledged first) or
-``failed`` (a stage failed: an ``error`` event, and no success).
+``response.cancel``, session end: the pipeline request is aborted and acknowledged first, or
+refused where the abort overtook its submission) or ``failed`` (a stage failed, or anything else
+broke it: an ``error`` event, and no success). It always ends with its ``response.done``.
 
 Its output items are announced as they start: the assistant message at its first text or audio,
 a function call (``function_call`` chunks of the model: name, argument deltas) at its first piece;
@@ -158,6 +159,15 @@ class Response:
             status, error = "failed", {"type": "server_error", "code": "overloaded", "message": str(err)}
         except PipelineError as err:
             status, error = "failed", {"type": "server_error", "code": "pipeline_error", "message": str(err)}
+        except Exception as err:  # a response always ends with its response.done
+            if self.cancel_reason is None:
+                self.log.exception("response %s broke", self.id)
+                status, error = "failed", {"type": "server_error", "code": "server_error",
+                                           "message": f"the response broke: {err}"}
+            else:
+                # The cancel overtook the submission (the coordinator held the request for the
+                # conversation's piece in flight, and the abort ended its id): nothing ran.
+                self.log.info("response %s cancelled before its request was submitted: %s", self.id, err)
         if self.cancel_reason is not None:
             status = "cancelled"
         if error is not None:

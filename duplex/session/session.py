@@ -13,24 +13,11 @@ Where the model keeps the conversation's state, the turn is prefilled in pieces 
 speaks (:mod:`duplex.session.prefill`), so its end leaves only the last piece to do.
 
 States (:class:`State`): listening → user_speaking → thinking → speaking → listening. While a
-response is active and ``interrupt_response`` is on, barge-in adds a sub-state (``barge_in``).
-Where the client plays the audio (WebSocket), onset is at once a confirmed interruption:
-``speech_started`` goes out so the client stops playing, and the response is cancelled. Where the
-server paces the audio (WebRTC, SIP):
-
-1. speech onset holds the agent's audio at once (no event): :class:`PendingInterruption`;
-2. speech that lasts ``interrupt_min_speech_ms`` confirms it: ``speech_started`` (with the real
-   onset), the queued audio cleared (``output_audio_buffer.cleared`` on paced transports), and
-   :class:`Cancelling`: the pipeline request is aborted and acknowledged, ``response.done``
-   (cancelled), ``conversation.item.truncated`` with the audio the user heard before the pause; the
-   speech goes on as the user's next turn, and a turn that ends meanwhile is answered once the
-   cancel is over (``Cancelling.deferred_turn_end``);
-3. silence before that (a cough, a click) is a false interruption: the audio resumes where it
-   paused and the fragment is discarded.
-
-Where the preset listens for backchannels (``backchannel_max_ms``), speech shorter than that is
-recognised first and the agent goes on after "mhm" or "yeah" as after a cough; only other words,
-or longer speech, confirm the interruption (:mod:`duplex.session.barge_in`).
+response is active and ``interrupt_response`` is on, speech over the agent adds a barge-in
+sub-state (``barge_in``), held and handled by :mod:`duplex.session.interruptions`: where the client
+plays the audio, onset cancels the response at once; where the server paces it, onset holds the
+audio until the speech is confirmed (cancel, truncate, answer the speech as the next turn),
+dismissed (the audio resumes) or recognised as a backchannel (the agent goes on).
 
 While the agent's audio is less than ``echo_guard_ms`` old the VAD threshold is raised to
 ``echo_guard_threshold`` so that the agent's own echo does not interrupt it.
@@ -42,37 +29,40 @@ flight, the barge-in sub-state) belongs to this session and is released by ``clo
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
 
 import numpy as np
 
-from duplex import metrics
 from duplex.media.playout import AgentAudio
 from duplex.protocol.events import RealtimeError, event, new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.protocol.session_update import session_object
 from duplex.session.arrivals import Arrivals
-from duplex.session.barge_in import BackchannelCheck, Step, next_step
 from duplex.session.config import SessionConfig
 from duplex.session.conversation import Conversation
 from duplex.session.history import History, Item
 from duplex.session.input_buffer import InputBuffer
+from duplex.session.interruptions import Interruptions
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.model_state import KeptModelState
 from duplex.session.prefill import TurnPrefill
 from duplex.session.requests import RequestBuilder
 from duplex.session.response import Response
 from duplex.session.speculation import Speculation, Speculator
-from duplex.session.states import BargeIn, Cancelling, PendingInterruption, SessionTransport, State
+from duplex.session.states import BargeIn, PendingInterruption, SessionTransport, State
 from duplex.settings import SessionDefaults
 from duplex.turns.semantic import SemanticTurnJudge
 from duplex.turns.server_vad import SpeechStarted, SpeechStopped, TurnDetector
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
+from pipeline.proto import OmniRequest
 
 log = logging.getLogger(__name__)
+
+MAX_BESIDE_RESPONSES = 4
+"""Out-of-band text responses one session may run at a time: past it, a ``response.create`` is
+refused (``too_many_responses``) before it reaches the pipeline, whose slots all sessions share."""
 
 
 class Session:
@@ -98,9 +88,9 @@ class Session:
         self.history = History(defaults.max_input_audio_s)
         self.conversation = Conversation(self.history, self.send)
         self.state = State.LISTENING
-        self.barge_in: BargeIn = None
         self.log = logging.LoggerAdapter(log, {"session_id": session_id})
         self._detector = TurnDetector(self.config.turn_detection, self._max_turn_ms)
+        self._interruptions = Interruptions(self._detector)
         self._judge = SemanticTurnJudge()
         self._model_state = KeptModelState(pipeline, defaults.keep_model_state)
         self._requests = RequestBuilder(defaults, self.history, self._model_state)
@@ -127,6 +117,15 @@ class Session:
         """The response in flight, from its creation until its ``response.done`` went out."""
         return self._response
 
+    @property
+    def barge_in(self) -> BargeIn:
+        """The barge-in sub-state (:mod:`duplex.session.interruptions`), None without one."""
+        return self._interruptions.state
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -137,8 +136,6 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        if isinstance(self.barge_in, PendingInterruption) and self.barge_in.check is not None:
-            self.barge_in.check.cancel()
         if self._response is not None:
             await self.cancel_response("session_closed")
         for beside in list(self._beside):
@@ -159,7 +156,7 @@ class Session:
         closed session and everything it holds (the resamplers, each a libswresample filter graph
         with threads of its own) would wait for Python's cyclic garbage collector; without them,
         reference counting frees it as soon as its transport lets go."""
-        self.barge_in = None  # a pending backchannel check calls back into the session
+        self._interruptions.close()  # a pending backchannel check calls back into the session
         self.audio.close()
         self.conversation.close()
         self.transport = None
@@ -194,18 +191,19 @@ class Session:
             self._detector.threshold_override = self._echo_guard()
             for turn_event in self._detector.process(samples[start : start + WINDOW]):
                 if isinstance(turn_event, SpeechStarted):
-                    self._on_onset(turn_event, received_at)
+                    arrived_at = self._arrivals.of(turn_event.start_ms, received_at)
+                    self._interruptions.on_onset(self, turn_event, arrived_at)
                 else:
-                    self._on_turn_end(turn_event)
+                    self.turn_ended(turn_event)
             if self._semantic_turn_end():
                 stop = self._detector.end_turn()
                 assert stop is not None
-                self._on_turn_end(stop)
+                self.turn_ended(stop)
             self._speculator.step(self._detector, self._may_speculate(),
                                   lambda audio: self._requests.speculative(self.config, audio))
             self._prefill.step(self._detector, self._quiet() and not self._speculator.active,
                                lambda audio, until: self._requests.partial(self.config, audio, until))
-            self._check_interruption()
+            self._interruptions.check(self)
 
     def _semantic_turn_end(self) -> bool:
         """semantic_vad: whether the end-of-turn model and the pause end the user's turn now."""
@@ -236,112 +234,17 @@ class Session:
         young = self.audio.heard_ms() < self.defaults.echo_guard_ms
         return self.defaults.echo_guard_threshold if young else None
 
-    def _agent_interruptible(self) -> bool:
-        td = self.config.turn_detection
-        return (self._response is not None and not isinstance(self.barge_in, Cancelling)
-                and td is not None and td.interrupt_response)
-
-    def _on_onset(self, onset: SpeechStarted, received_at: float) -> None:
-        pending = self.barge_in
-        if isinstance(pending, PendingInterruption) and pending.check is not None:
-            self._confirm_interruption(pending)  # speaking again after the fragment: no backchannel
-        if not self._agent_interruptible() or self.barge_in is not None:
-            self._speech_started(onset.start_ms)
-            return
-        pending = PendingInterruption(onset.start_ms, self.audio.heard_ms())
-        if not self.audio.paces_playout:
-            # The client plays the audio: nothing to hold here, so speech_started goes out now
-            # (the client stops playing at once) and the response is cancelled (as OpenAI does).
-            self._confirm_interruption(pending)
-            return
-        self.audio.pause()
-        self.barge_in = pending
-        # From the arrival of the audio that holds the onset, so the VAD's own delay counts.
-        metrics.BARGE_IN_STOP_SECONDS.observe(time.monotonic() - self._arrivals.of(onset.start_ms, received_at))
-        self.log.info("possible interruption at %d ms: agent audio paused", onset.start_ms)
-
-    def _speech_started(self, onset_ms: int) -> None:
+    def speech_started(self, onset_ms: int) -> None:
+        """The user's speech began at ``onset_ms`` (audio time): a new user item, announced."""
         self._user_item_id = new_id("item")
         self.state = State.USER_SPEAKING
         self.send(event("input_audio_buffer.speech_started", audio_start_ms=onset_ms,
                         item_id=self._user_item_id))
 
-    def _check_interruption(self) -> None:
-        pending = self.barge_in
-        if not isinstance(pending, PendingInterruption):
-            return
-        step = next_step(self._detector, self.defaults, pending.check is not None)
-        if step is Step.CONFIRM:
-            self._confirm_interruption(pending)
-        elif step is Step.DISMISS:
-            if self._detector.in_speech:
-                self._detector.discard_turn()
-            self._false_interruption()
-        elif step is Step.RECOGNISE:
-            pending.fragment_end = self._detector.pause_start
-            pending.check = BackchannelCheck(
-                self.pipeline, self._requests.recognition(self.config, self._detector.turn_audio()),
-                lambda verdict: self._on_backchannel_verdict(pending, verdict), {"session_id": self.id})
-
-    def _on_backchannel_verdict(self, pending: PendingInterruption, backchannel: bool | None) -> None:
-        if self.barge_in is not pending or self._closed:
-            return
-        went_on = self._detector.in_speech and self._detector.pause_start > pending.fragment_end
-        if not backchannel or went_on:
-            self._confirm_interruption(pending)
-            return
-        if pending.stopped is None:
-            self._detector.discard_turn()
-        self._false_interruption()
-
-    def _false_interruption(self) -> None:
-        self.barge_in = None
-        self.audio.resume()
-        self.log.info("false interruption: agent audio resumed")
-
-    def _confirm_interruption(self, pending: PendingInterruption) -> None:
-        resp = self._response
-        self.barge_in = None
-        if pending.check is not None:
-            pending.check.cancel()
-        metrics.BARGE_INS_TOTAL.inc()
-        self.log.info("interruption confirmed; the user heard %d ms", pending.heard_ms)
-        self._speech_started(pending.onset_ms)
-        if resp is None:
-            return
-        self.audio.clear()
-        self.audio.resume()
-        self._begin_cancel(resp, pending.heard_ms)
-        asyncio.get_running_loop().create_task(self._finish_cancel("turn_detected"))
-        if pending.stopped is not None:
-            self._on_turn_end(pending.stopped)  # the fragment is the next turn: answered after the cancel
-
-    def _begin_cancel(self, resp: Response, heard_ms: int | None) -> Cancelling:
-        if not isinstance(self.barge_in, Cancelling) or self.barge_in.response is not resp:
-            self.barge_in = Cancelling(resp, heard_ms)
-        return self.barge_in
-
-    async def _finish_cancel(self, reason: str) -> None:
-        """Cancel the response of the Cancelling sub-state, truncate it, answer a deferred turn."""
-        cancelling = self.barge_in
-        assert isinstance(cancelling, Cancelling)
-        try:
-            await cancelling.response.cancel(reason, cancelling.heard_ms)
-            if cancelling.heard_ms is not None:
-                self.conversation.truncate(cancelling.response.item, cancelling.heard_ms)
-        finally:
-            if self.barge_in is cancelling:
-                self.barge_in = None
-        if cancelling.deferred_turn_end is not None and not self._closed and self._response is None:
-            self.start_response(turn_end_at=cancelling.deferred_turn_end)
-
-    def _on_turn_end(self, stop: SpeechStopped) -> None:
-        pending = self.barge_in
-        if isinstance(pending, PendingInterruption):
-            if pending.check is None:
-                self._false_interruption()
-            else:
-                pending.stopped = stop  # its words decide what the turn was
+    def turn_ended(self, stop: SpeechStopped) -> None:
+        """The user's turn ended at ``stop``: committed, and answered where turn detection answers
+        (after the cancel, where a response is being cancelled)."""
+        if self._interruptions.on_turn_end(self, stop):
             return
         item_id = self._user_item_id or new_id("item")
         self._user_item_id = None
@@ -355,8 +258,8 @@ class Session:
             return
         if self._response is None:
             self.start_response(turn_end_at=time.monotonic(), speculation=speculation)
-        elif isinstance(self.barge_in, Cancelling):
-            self.barge_in.deferred_turn_end = time.monotonic()
+        else:
+            self._interruptions.defer(time.monotonic())
 
     def on_dtmf(self, digit: str) -> None:
         """A key the caller pressed (telephony): an event, and text the model sees next turn."""
@@ -382,7 +285,7 @@ class Session:
             raise RealtimeError("nothing to commit: the turn detector holds no speech (it commits "
                                 "each turn itself when the speech ends)",
                                 code="input_audio_buffer_commit_empty")
-        self._on_turn_end(stop)
+        self.turn_ended(stop)
 
     def clear_manual_buffer(self) -> None:
         self._input.clear()
@@ -414,13 +317,18 @@ class Session:
         """Answer the history (or ``input_items``, the response's own input) as ``spec`` says (the
         session's settings by default), or adopt ``speculation``, the answer begun at the pause
         where the turn ended. An out-of-band response's item stays out of the history; one that
-        only writes runs beside whatever else runs (one voice at a time: not one that speaks)."""
+        only writes runs beside whatever else runs (one voice at a time: not one that speaks), up to
+        ``MAX_BESIDE_RESPONSES`` at a time."""
         spec = spec or ResponseSpec.of_session(self.config)
         beside = spec.out_of_band and not spec.speaks
         if self._response is not None and not beside:
             raise RealtimeError("a response is already in progress (beside it, only an out-of-band "
                                 "text response may run: conversation \"none\", output_modalities "
                                 "[\"text\"])", code="conversation_already_has_active_response")
+        if beside and len(self._beside) >= MAX_BESIDE_RESPONSES:
+            raise RealtimeError(f"{MAX_BESIDE_RESPONSES} out-of-band responses are already in progress "
+                                "(the most a session may run at a time); wait for one to be done",
+                                code="too_many_responses")
         if speculation is not None:
             request, chunks = speculation.request, speculation.adopt()
         else:
@@ -446,12 +354,16 @@ class Session:
         resp = self._response
         if resp is None or (response_id is not None and resp.id != response_id):
             return False
-        if isinstance(self.barge_in, Cancelling) and self.barge_in.response is resp:
-            await resp.cancel(reason)  # already being cancelled: wait for it
-            return True
-        self._begin_cancel(resp, None)
-        await self._finish_cancel(reason)
+        await self._interruptions.cancel(self, resp, reason)
         return True
+
+    def answer_turn(self, turn_end_at: float) -> None:
+        """Answer the turn that ended at ``turn_end_at`` (deferred while a response was cancelled)."""
+        self.start_response(turn_end_at=turn_end_at)
+
+    def recognition(self, fragment: np.ndarray) -> OmniRequest:
+        """The request that transcribes ``fragment``, speech over the agent (a backchannel?)."""
+        return self._requests.recognition(self.config, fragment)
 
     # --- ResponseHost -----------------------------------------------------------------------
 
@@ -479,6 +391,8 @@ class Session:
             self._response = None
         if self.state in (State.THINKING, State.SPEAKING):
             self.state = State.LISTENING
+        if self._response is None:
+            self._interruptions.response_done(self)
 
     # --- PlayoutListener ------------------------------------------------------------------
 

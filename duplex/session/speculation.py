@@ -25,8 +25,9 @@ holds at most one at a time (and the aborts still on their way), and is closed w
 Where the model keeps the conversation's state (``keep_model_state``), a speculative request
 continues it like any turn, so the prefill of the new turn happens in the pause: an abort puts the
 pipeline's state back to before the request (``on_withdrawn`` tells the session's
-:class:`~duplex.session.model_state.KeptModelState`), and an adopted speculation's audio is the
-turn's committed audio, so that the next turn continues exactly what the model heard.
+:class:`~duplex.session.model_state.KeptModelState` which request it was), and an adopted
+speculation's audio is the turn's committed audio, so that the next turn continues exactly what
+the model heard.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class Speculator:
     """One session's speculative answers (module doc): at most one, for the current pause."""
 
     def __init__(self, pipeline: ModelPipeline, on_transcript: Heard,
-                 on_withdrawn: Callable[[], None], log_extra: dict[str, str]) -> None:
+                 on_withdrawn: Callable[[str], None], log_extra: dict[str, str]) -> None:
         self._pipeline = pipeline
         self._on_transcript = on_transcript
         self._on_withdrawn = on_withdrawn
@@ -147,7 +148,7 @@ class Speculator:
     def _drop(self) -> None:
         current, self._current = self._current, None
         if current is not None:
-            self._on_withdrawn()
+            self._on_withdrawn(current.request.request_id)
             task = asyncio.get_running_loop().create_task(current.abort())
             self._aborts.add(task)
             task.add_done_callback(self._aborts.discard)
