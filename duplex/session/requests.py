@@ -26,7 +26,11 @@ from pipeline.scheduling.conversation_book import PARTIAL_PARAM
 
 
 class RequestBuilder:
-    def __init__(self, defaults: SessionDefaults, history: History, model_state: KeptModelState) -> None:
+    def __init__(self, defaults: SessionDefaults, history: History, model_state: KeptModelState,
+                 owner: str) -> None:
+        # Every request of the session is the session's in the pipeline's fair share of
+        # max_in_flight (pipeline/admission.py): its flood fails it, never another's turn.
+        self._owner = owner
         self._defaults = defaults
         self._history = history
         self._model_state = model_state
@@ -61,7 +65,7 @@ class RequestBuilder:
         if input_items is None and not spec.out_of_band:
             params.update(self._model_state.conversation_for(messages, params.get("tools"), request_id,
                                                              until))
-        return OmniRequest(request_id, {"messages": messages}, params)
+        return OmniRequest(request_id, {"messages": messages}, params, owner=self._owner)
 
     def speculative(self, config: SessionConfig, turn_audio: np.ndarray) -> OmniRequest:
         """The answer to the turn so far, begun at a pause (:mod:`duplex.session.speculation`)."""

@@ -93,7 +93,7 @@ class Session:
         self._interruptions = Interruptions(self._detector)
         self._judge = SemanticTurnJudge()
         self._model_state = KeptModelState(pipeline, defaults.keep_model_state)
-        self._requests = RequestBuilder(defaults, self.history, self._model_state)
+        self._requests = RequestBuilder(defaults, self.history, self._model_state, session_id)
         self._speculator = Speculator(pipeline, self._judge.hear, self._model_state.withdraw,
                                       {"session_id": session_id})
         piece_s = defaults.prefill_piece_s if defaults.keep_model_state else 0

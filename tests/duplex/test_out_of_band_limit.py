@@ -33,6 +33,8 @@ async def test_out_of_band_responses_past_the_bound_are_refused_and_never_reach_
         host.binding.receive(SIDE)
     await host.until(lambda: len(host.of("error")) == 2)
     assert len(pipeline.requests) == len(host.of("response.created")) == MAX_BESIDE_RESPONSES
+    # Each is the session's in the pipeline's fair share (pipeline/admission.py).
+    assert {request.owner for request in pipeline.requests} == {host.session.id}
     error = host.of("error")[0]["error"]
     assert error["code"] == "too_many_responses" and str(MAX_BESIDE_RESPONSES) in error["message"]
     # One ends: another may run.
