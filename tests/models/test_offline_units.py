@@ -90,6 +90,9 @@ class _FakeTranscriber:
         self.calls += 1
         return f"heard {self.calls}"
 
+    def transcribe_all(self, clips: list[tuple[np.ndarray, int]]) -> list[str]:
+        return [self.transcribe(audio, rate) for audio, rate in clips]
+
 
 @pytest.fixture(scope="module")
 def recognizer():

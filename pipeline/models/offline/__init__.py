@@ -8,10 +8,11 @@ Stages (runner names; ``configs/offline.yaml`` wires them):
   messages that came as audio; passes on the conversation as text, and its ``input_transcript``
   goes to the session at once (``asr.py``).
 - ``lm`` (ar): SmolLM2-135M-Instruct on CTranslate2 int8, the model's chat template over the
-  conversation and the request's system instructions; streams ``{"text": delta}`` per token
-  (``lm.py``).
+  conversation and the request's system instructions; streams ``{"text": delta}`` as tokens come
+  (``lm.py``); several answers decode side by side, their first clauses first (``pacing.py``).
 - ``tts`` (ar): piper (voice "joe", 22.05 kHz) voices the answer clause by clause as it streams in;
-  ``{"audio", "sample_rate", "spoken_text"}`` per clause (``tts.py``, ``clauses.py``).
+  ``{"audio", "sample_rate", "spoken_text"}`` per clause, the most urgent answer first (``tts.py``,
+  ``clauses.py``).
 
 ``model_args``: ``lm`` (``packaged``, a ``.gguf`` file, or a Hugging Face causal-LM folder),
 ``asr`` (``packaged`` or a CTranslate2 Whisper folder), ``voice`` (``packaged`` or a piper

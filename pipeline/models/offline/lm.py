@@ -1,20 +1,33 @@
 """The ``lm`` stage: a small instruction-tuned language model on CTranslate2, streamed per token.
 
-It is the text terminal: ``{"text": delta}`` per token; the same chunks stream to the ``tts`` stage.
+It is the text terminal: ``{"text": delta}`` per step (a token, or the tokens queued since the last
+step); the same chunks stream to the ``tts`` stage.
 (The user's words, ``input_transcript``, come from the ``asr`` stage, a terminal too.)
 
-CTranslate2 decodes a request in its own worker thread (``generate_batch(asynchronous=True)``) and
-hands each token to a callback, which puts it on the request's queue; ``step`` takes one token off
-that queue, so one step is one token and the ``ar`` scheduler's cap counts tokens. CTranslate2 has
-no continuous batching: the preset runs this stage with ``max_batch: 1``, so requests are answered
-one after another (ample for one conversation on a 2-core machine).
+CTranslate2 decodes a request in its own job (``generate_batch(asynchronous=True)``) and hands each
+token to a callback, which puts it on the request's queue; ``step`` starts the jobs of new requests
+and then takes, for every request of the batch, its next token and any others already queued. The
+generator has one worker thread per slot of the stage's ``max_batch`` (``inter_threads``), so the
+requests of a batch decode side by side: a second caller's prefill does not wait for a whole first
+answer. True batching was measured and not taken: ``generate_batch`` over several prompts decodes
+in lockstep, only requests that start together, and on this CPU took 2.4x as long for 4 short
+questions as one after another, with a padded prompt's tokens differing from its answer alone. A
+step emits at least one token per request, so the ``ar`` scheduler's step cap is never below the
+token count; CTranslate2's own ``max_length`` (the slot's cap) bounds the tokens.
+
+Answers decoded side by side share the CPU with the ``tts`` stage: spoken answers start one at a
+time, the next when the one before has had its first tokens, and a decoder past its first tokens
+yields the CPU to other answers' first clauses and to synthesis (``pacing.py``, the stage's
+``pace_after_tokens`` and ``pace_tokens_per_s`` options; 0 tokens a second: none of this).
 
 Per-request state: one ``Generation`` in the scheduler's ARSlot, from the request's arrival until
 ``release`` (end, failure or abort). Releasing sets the request's stop flag, which the callback
 returns to CTranslate2 at its next token, so the decoder stops within one token (a prefill in
 progress finishes first) and its KV cache is freed with the job. No state is kept between requests:
-the prompt is prefilled anew each turn (~0.1-0.2 s for a short conversation on one core), because
-CTranslate2 offers prefix caching only for one static system prompt, not for a growing conversation.
+the prompt is prefilled anew each turn (~0.1-0.2 s for a short conversation on one core).
+CTranslate2 caches a prefix only as a ``static_prompt`` (one system prompt, not a growing
+conversation); measured with the preset's instructions it saved ~25% of a first turn's prefill but
+changed one of four greedy answers, so it is not used.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.models import StageContext
+from pipeline.models.offline.pacing import Pacer, Ticket
 from pipeline.models.offline.sources import lm_source, prepare_lm
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
@@ -40,7 +54,7 @@ DEFAULT_INSTRUCTIONS = (
 _TOKEN_TIMEOUT_S = 60.0  # a decoder that produced nothing for this long is broken, not slow
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the runner finds it in its waiting list
 class Generation:
     """One request's decoding: its prompt, the tokens CTranslate2 handed over, the text so far."""
 
@@ -51,6 +65,8 @@ class Generation:
     ids: list[int] = field(default_factory=list)
     text: str = ""
     ended: bool = False  # an end token came (rather than the cap)
+    paced: bool = False  # its answer is spoken: its decoder keeps to the stage's pace
+    ticket: Ticket | None = None  # its place in the pacer, from its start until it ends
 
 
 class LanguageModel:
@@ -75,13 +91,17 @@ class LanguageModel:
             device="cpu",
             compute_type=str(options.get("compute_type", "int8")),
             intra_threads=ctx.stage.threads,
-            inter_threads=1,
+            inter_threads=ctx.stage.max_batch,  # one decoding job per request of a batch
         )
         self._instructions = str(options.get("default_instructions", DEFAULT_INSTRUCTIONS))
         self._max_prompt_tokens = int(options.get("max_prompt_tokens", 2048))
         self._repetition_penalty = float(options.get("repetition_penalty", 1.0))
+        self._pacer = Pacer(int(options.get("pace_after_tokens", 16)),
+                            float(options.get("pace_tokens_per_s", 0)))
         eos = self._tokenizer.eos_token_id
         self._end_ids = [] if eos is None else [int(eos)]
+        # Spoken answers not started yet, oldest first: each starts when the pacer is idle.
+        self._waiting: list[Generation] = []
 
     # --- prompt ---------------------------------------------------------------------------
 
@@ -91,7 +111,12 @@ class LanguageModel:
             raise RequestError(payload.request_id, "no message to answer")
         ids = self._prompt_ids(payload.request_id, messages)
         log.info("request %s: prompt of %d tokens", payload.request_id, len(ids))
-        return Generation(self._tokenizer.convert_ids_to_tokens(ids))
+        modalities = payload.params.get("modalities") or ["text", "audio"]
+        state = Generation(self._tokenizer.convert_ids_to_tokens(ids),
+                           paced="audio" in modalities and self._pacer.enabled)
+        if state.paced:
+            self._waiting.append(state)
+        return state
 
     def _prompt_ids(self, rid: str, messages: list[dict[str, str]]) -> list[int]:
         """The chat template over the conversation, oldest turns dropped until it fits."""
@@ -139,35 +164,50 @@ class LanguageModel:
         raise RequestError(slot.request_id, "the language model takes no streamed input")
 
     def runnable(self, slot: ARSlot) -> bool:
-        return slot.input_closed
+        """Started, or free to start: a spoken answer waits for its turn (module doc)."""
+        state: Generation = slot.state
+        if not state.paced or state.job is not None:
+            return slot.input_closed
+        return slot.input_closed and self._waiting[0] is state and self._pacer.idle()
 
     def output_cap(self, slot: ARSlot) -> int | None:
         return None
 
     def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
+        for slot in slots:
+            if slot.state.job is None:
+                self._start(slot)  # every new request's job first: they decode side by side
         return [self._step_one(slot) for slot in slots]
 
     def _step_one(self, slot: ARSlot) -> ARStepResult:
+        """The request's next token and the others its job has queued meanwhile."""
         state: Generation = slot.state
-        if state.job is None:
-            self._start(slot)
-        step = self._next_step(slot)
-        if step is None:
+        steps = self._next_steps(slot)
+        if not steps:
             return ARStepResult(None, finished=True)
-        state.ids.append(int(step.token_id))
-        state.ended = int(step.token_id) in self._end_ids
+        state.ids.extend(int(step.token_id) for step in steps)
+        state.ended = int(steps[-1].token_id) in self._end_ids
         text = self._tokenizer.decode(state.ids, skip_special_tokens=True)
         delta = ""
         if not text.endswith("\ufffd"):  # hold back a character whose bytes are not all here yet
             delta, state.text = text[len(state.text) :], text
-        return ARStepResult({"text": delta} if delta else None, finished=bool(step.is_last))
+        return ARStepResult({"text": delta} if delta else None, finished=bool(steps[-1].is_last))
 
     def _start(self, slot: ARSlot) -> None:
         state: Generation = slot.state
-        steps, stop = state.steps, state.stop
+        steps, stop, pacer = state.steps, state.stop, self._pacer
+        ticket = None
+        if state.paced:
+            self._waiting.remove(state)
+            ticket = state.ticket = pacer.begin()
 
         def on_token(step: Any) -> bool:  # CTranslate2's worker thread; True stops the decoder
             steps.put(step)
+            if ticket is not None:
+                if step.is_last:
+                    pacer.end(ticket)
+                else:
+                    pacer.after_token(ticket, stop)
             return stop.is_set()
 
         state.job = self._generator.generate_batch(
@@ -182,29 +222,38 @@ class LanguageModel:
             callback=on_token,
         )[0]
 
-    def _next_step(self, slot: ARSlot) -> Any:
-        """The request's next token from the decoder, or None once it ended without one."""
+    def _next_steps(self, slot: ARSlot) -> list[Any]:
+        """The request's next token from the decoder and those queued after it, up to its last;
+        empty once it ended without one."""
         state: Generation = slot.state
         deadline = time.monotonic() + _TOKEN_TIMEOUT_S
         while True:
             try:
-                return state.steps.get(timeout=0.1)
+                steps = [state.steps.get(timeout=0.1)]
+                break
             except queue.Empty:
                 pass
             if state.job.done():
                 try:
-                    return state.steps.get_nowait()  # put just before the job ended
+                    steps = [state.steps.get_nowait()]  # put just before the job ended
+                    break
                 except queue.Empty:
                     pass
                 try:
                     state.job.result()
                 except Exception as err:
                     raise RequestError(slot.request_id, f"language model failed: {err}") from err
-                return None
+                return []
             if time.monotonic() > deadline:
                 raise RequestError(
                     slot.request_id, f"language model gave no token for {_TOKEN_TIMEOUT_S:.0f} s"
                 )
+        while not steps[-1].is_last:
+            try:
+                steps.append(state.steps.get_nowait())
+            except queue.Empty:
+                break
+        return steps
 
     def finish(self, slot: ARSlot, capped: bool) -> dict[str, Any] | None:
         state: Generation = slot.state
@@ -222,4 +271,8 @@ class LanguageModel:
         if state is None:
             return
         state.stop.set()  # the decoder stops at its next token and frees its cache
+        if state.ticket is not None:
+            self._pacer.end(state.ticket)
+        elif state in self._waiting:
+            self._waiting.remove(state)  # released before its turn came
         slot.state = None

@@ -13,6 +13,11 @@ also bounds how long an abort waits for the synthesis in progress. Per-request s
 ``SpeechState`` (the splitter's pending text and the clauses not yet voiced) in the scheduler's
 ARSlot, from the first text delta until ``release`` (end, failure or abort).
 
+Several answers at once: only one slot is runnable at a time, the one whose listener runs out of
+audio first (earliest deadline first, ``Speaker.runnable``), and the preset's ``max_batch: 1`` sends
+each clause the moment it is voiced. A new answer's first clause is due the moment it is ready, so
+it goes ahead of the tails of answers already playing, whose listeners still have audio queued.
+
 piper-tts is GPL-3.0 and an optional extra: without it, building this stage fails with an error
 that names the extra to install.
 """
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +45,15 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SpeechState:
+    """One answer's synthesis: its pending text and clauses, and when its listener needs the next
+    clause (``due``, monotonic seconds: when its first clause was ready, then when the audio
+    voiced so far, played from its first clause on, runs out; None before the first clause)."""
+
     speak: bool
     splitter: ClauseSplitter
     clauses: deque[str] = field(default_factory=deque)
     voiced: int = 0
+    due: float | None = None
 
 
 def load_voice(model: Any, threads: int) -> Any:
@@ -73,6 +85,8 @@ class Speaker:
 
     def __init__(self, ctx: StageContext) -> None:
         options = ctx.stage.options
+        # The slots this runner has seen and not yet released, to choose the most urgent.
+        self._slots: dict[str, ARSlot] = {}
         self._voice = load_voice(
             voice_model(str(ctx.model_args.get("voice", "packaged"))), ctx.stage.threads
         )
@@ -94,15 +108,27 @@ class Speaker:
         state: SpeechState = slot.state
         text = payload.data.get("text")
         if state.speak and text:
-            state.clauses.extend(state.splitter.push(text))
+            self._queue(slot, state.splitter.push(text))
 
     def close_input(self, slot: ARSlot, payload: StagePayload) -> None:
         state: SpeechState = slot.state
         if state.speak:
-            state.clauses.extend(state.splitter.flush())
+            self._queue(slot, state.splitter.flush())
+
+    def _queue(self, slot: ARSlot, clauses: list[str]) -> None:
+        state: SpeechState = slot.state
+        self._slots[slot.request_id] = slot
+        state.clauses.extend(clauses)
+        if state.due is None and state.clauses:
+            state.due = time.monotonic()  # the first clause: the listener is waiting already
 
     def runnable(self, slot: ARSlot) -> bool:
-        return bool(slot.state.clauses) or slot.input_closed
+        """Whether the slot is the one to step next: of the slots with something to do, the one
+        due first (a slot that only has to finish goes first: it costs nothing)."""
+        self._slots[slot.request_id] = slot
+        if not _has_work(slot):
+            return False
+        return min((s for s in self._slots.values() if _has_work(s)), key=_due) is slot
 
     def output_cap(self, slot: ARSlot) -> int | None:
         return None
@@ -117,6 +143,8 @@ class Speaker:
         clause = state.clauses.popleft()
         audio = self._synthesize(clause)
         state.voiced += 1
+        # Playback of this clause starts when it is voiced, or when the audio before it ends.
+        state.due = max(state.due or 0.0, time.monotonic()) + audio.size / self.sample_rate
         log.debug(
             "request %s: clause %d voiced (%.2f s): %r",
             slot.request_id,
@@ -141,4 +169,16 @@ class Speaker:
         return None
 
     def release(self, slot: ARSlot) -> None:
+        self._slots.pop(slot.request_id, None)
         slot.state = None
+
+
+def _has_work(slot: ARSlot) -> bool:
+    """A clause to voice, or the input closed (the step that ends the request)."""
+    return bool(slot.state.clauses) or slot.input_closed
+
+
+def _due(slot: ARSlot) -> float:
+    """When the slot's next step is needed; a step that only ends the request, at once."""
+    state: SpeechState = slot.state
+    return state.due if state.clauses and state.due is not None else -math.inf
