@@ -27,6 +27,7 @@ class ScriptedPipeline:
         self.requests: list[OmniRequest] = []
         self.aborted: list[str] = []
         self.kept_on_abort: list[int | None] = []
+        self.withdrawn: list[str] = []  # requests aborted by ``withdraw`` (also in ``aborted``)
         self.closed_conversations: list[str] = []
         self._queues: dict[str, asyncio.Queue[OutputChunk | Exception | None]] = {}
         self.started = asyncio.Event()
@@ -50,6 +51,10 @@ class ScriptedPipeline:
         queue = self._queues.get(request_id)
         if queue is not None:
             queue.put_nowait(None)
+
+    async def withdraw(self, request_id: str) -> None:
+        self.withdrawn.append(request_id)
+        await self.abort(request_id)
 
     async def close_conversation(self, conversation_id: str) -> None:
         self.closed_conversations.append(conversation_id)

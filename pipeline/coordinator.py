@@ -13,7 +13,7 @@ Conversations (the session's contract is in ``pipeline/scheduling/conversation_b
 request with ``params["conversation_id"]`` may continue the state that stages keep for its
 conversation, so that only what is new is computed. Client API: ``abort(id, keep_answer_tokens=n)``
 (barge-in, or a client's truncation once the answer ended: keep what was heard, also of a request
-that already ended), ``close_conversation``. The book of
+that already ended), ``withdraw(id)`` (as if never asked, also once ended), ``close_conversation``. The book of
 conversations and its memory budget are owned here (``pipeline/scheduling/conversation_keeping.py``).
 
 What happens when something breaks (a stage fails a request, crashes or hangs, a send cannot be
@@ -218,7 +218,8 @@ class Coordinator(CoordinatorFaults):
         conversation goes back to before the request, or with ``keep_answer_tokens`` keeps the
         request's turn with its answer cut to that many tokens (barge-in: the ``answer_tokens`` of
         the last audio chunk the user heard). A cut also applies when the request already ended
-        (its audio may still be playing then); a plain abort of an ended request changes nothing.
+        (its audio may still be playing then); a plain abort of an ended request changes nothing
+        (``withdraw`` takes its turn out).
         """
         flight = self._flights.get(request_id)
         if flight is not None and not flight.finished:
@@ -243,6 +244,18 @@ class Coordinator(CoordinatorFaults):
             kept = all(made_by == request_id for made_by in pending.kept_by.values())
             outcome = flight.outcome if acknowledged else "failed"
             self.conversations.end(request_id, outcome, flight.keep_answer_tokens, kept)
+
+    async def withdraw(self, request_id: str) -> None:
+        """Abort ``request_id`` as if never asked (a speculative answer the user talked over), acked
+        as ``abort``: also where it ended, its turn leaves its conversation's kept state (undone
+        where it is the last turn and nothing runs, else that state is dropped: a full prefill)."""
+        flight = self._flights.get(request_id)
+        if flight is None or (flight.finished and flight.outcome == "done"):
+            if (pending := self._aborts.get(request_id)) is not None:
+                await self._await_abort(request_id, pending)
+            if not self._closed:
+                await self.conversations.withdraw(request_id)
+        await self.abort(request_id)
 
     async def close_conversation(self, conversation_id: str) -> None:
         """The session is gone: abort its request in flight and free every state kept for it."""

@@ -30,5 +30,10 @@ class ModelPipeline(Protocol):
         ``keep_answer_tokens`` (a barge-in), the conversation's kept state keeps that many tokens
         of the answer; otherwise it goes back to before the request."""
 
+    async def withdraw(self, request_id: str) -> None:
+        """Abort ``request_id`` as if it had never been asked (a speculative answer the user talked
+        over) and return once every stage released it: the conversation's kept state goes back to
+        before it, also where it already ended. Idempotent."""
+
     async def close_conversation(self, conversation_id: str) -> None:
         """Forget the state kept for ``conversation_id`` (``params["conversation_id"]``)."""

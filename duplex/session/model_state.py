@@ -5,8 +5,9 @@ The kept state covers the previous request's messages (and the tools it offered,
 prompt carries) plus its answer; a request continues it only if it offers the same tools and its
 messages begin with those (anything else — an edit, a deletion, new instructions or tools, old
 audio leaving the budget, an answer that never came — starts a new conversation and frees the old). A
-request aborted before it kept anything (a speculative answer the user talked over) leaves the
-pipeline's state as it was: ``withdraw`` says so here too. A KeptModelState belongs to one session;
+request withdrawn (a speculative answer the user talked over: ``ModelPipeline.withdraw``, which
+undoes its turn in the pipeline even where it had ended) leaves the pipeline's state as it was
+before it: ``withdraw`` says so here too. A KeptModelState belongs to one session;
 ``close`` frees what the pipeline keeps for it.
 
 The kept answer is the one thing a request does not compare (it is the next request's message at
@@ -97,8 +98,8 @@ class KeptModelState:
         return params
 
     def withdraw(self, request_id: str) -> None:
-        """``request_id`` was aborted and kept nothing. Where it is the last request, the state is
-        what it was before it (or nothing, where that request began a new conversation); where a
+        """``request_id`` was withdrawn (``ModelPipeline.withdraw``) and keeps nothing. Where it
+        is the last request, the state is what it was before it (or nothing, where that request began a new conversation); where a
         newer request was built since, that one's baseline stands (it was set against the
         withdrawn one, and freed or continued what the pipeline keeps accordingly)."""
         if request_id != self._request:

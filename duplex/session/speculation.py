@@ -9,8 +9,9 @@ the client or the history. Then either:
 - the turn ends in that pause: the session commits the turn as usual and a :class:`Response` adopts
   the speculation (``chunks``): what came so far is replayed in order, the rest streams through,
   and the user hears the answer a preprocessing, prefill and first tokens sooner;
-- the user goes on speaking: the session aborts it (acknowledged by every stage, as any abort), and
-  it leaves nothing: no event, no item, no pipeline state.
+- the user goes on speaking: the session withdraws it (``ModelPipeline.withdraw``: an abort,
+  acknowledged by every stage as any abort), and it leaves nothing: no event, no item, no pipeline
+  state, even where its answer was all generated before the abort.
 
 Where the pipeline recognises speech (its chunks carry ``input_transcript``), the transcript is
 handed to ``on_transcript`` as soon as it comes, with the pipeline's judgement of whether those
@@ -23,11 +24,11 @@ A Speculation lives from the pause that began it until it is adopted or aborted;
 holds at most one at a time (and the aborts still on their way), and is closed with the session.
 
 Where the model keeps the conversation's state (``keep_model_state``), a speculative request
-continues it like any turn, so the prefill of the new turn happens in the pause: an abort puts the
-pipeline's state back to before the request (``on_withdrawn`` tells the session's
-:class:`~duplex.session.model_state.KeptModelState` which request it was), and an adopted
-speculation's audio is the turn's committed audio, so that the next turn continues exactly what
-the model heard.
+continues it like any turn, so the prefill of the new turn happens in the pause: withdrawing it
+puts the pipeline's state back to before the request, also where it had ended (``on_withdrawn``
+tells the session's :class:`~duplex.session.model_state.KeptModelState` which request it was),
+and an adopted speculation's audio is the turn's committed audio, so that the next turn continues
+exactly what the model heard.
 """
 
 from __future__ import annotations
@@ -94,9 +95,10 @@ class Speculation:
             yield chunk
 
     async def abort(self) -> None:
-        """The user went on: abort the request and return once every stage released it."""
+        """The user went on: withdraw the request (abort it, and undo its turn in the kept state
+        even where it ended) and return once every stage released it."""
         self._settle("aborted")
-        await self._pipeline.abort(self.request.request_id)
+        await self._pipeline.withdraw(self.request.request_id)
         await asyncio.gather(self._task, return_exceptions=True)
 
     def _settle(self, outcome: str) -> None:

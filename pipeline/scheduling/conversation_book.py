@@ -24,6 +24,12 @@ absent: none): the same S continues the open turn (the next piece, or the answer
 after S is new), anything else abandons it (a turn the VAD dropped), and the open turn is undone
 first (``open_to_undo``, then ``undo_open``), back to the state before that turn began.
 
+A request withdrawn after it ended (a speculative answer the user talked over, all generated
+before its abort: ``Coordinator.withdraw``) is undone where its turn is the last of an idle
+conversation (``withdraw``, then ``withdrawn``: back to the state before it); where later turns
+were built on it, the conversation's state is dropped; where its turn is no longer in the state
+(the conversation started afresh since, or was closed), nothing is to be done.
+
 Who owns what: the coordinator owns this book (its event loop only). A record lives from a
 conversation's first request until ``close`` (the session closed) or a stage crash; the state it
 describes lives in the stages that keep conversations (``conversations.py``) and is dropped when
@@ -56,6 +62,9 @@ PARTIAL_MARGIN_MS = 50
 OPEN_PARAM = "conversation_open_s"
 """Request param: seconds of the last message's audio the session believes the kept state holds."""
 
+TURNS_REMEMBERED = 4096
+"""Ended requests whose turn went into a kept state that the book remembers (for ``withdraw``)."""
+
 OPTIONS_KEY = "conversation_state"
 """Stage option with the budget of a stage that keeps conversations."""
 
@@ -71,6 +80,10 @@ class Budget:
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> Budget:
         return cls(**options.get(OPTIONS_KEY, {}))
+
+
+Before = tuple[bool, int, int, bool]
+"""A record's (kept, covers, open_s, under_open): what undoing a request goes back to."""
 
 
 @dataclass
@@ -94,6 +107,15 @@ class _Record:
     under_open: bool = False
     """Whether the stages keep a state from before the open turn (else undoing it leaves nothing)."""
     last_used: int = 0
+    generation: int = 0
+    """Which state this is: a request that starts the conversation's state afresh takes a new one."""
+    start: Before = (False, 0, 0, False)
+    """What the kept state was when ``busy`` began (what undoing it goes back to)."""
+    before: Before | None = None
+    """What undoing ``last_request`` goes back to (None: it cannot be undone)."""
+
+    def restore(self, before: Before) -> None:
+        self.kept, self.covers, self.open_s, self.under_open = before
 
 
 class ConversationBook:
@@ -102,7 +124,9 @@ class ConversationBook:
     def __init__(self) -> None:
         self._records: dict[str, _Record] = {}
         self._by_request: dict[str, str] = {}
+        self._turns: dict[str, tuple[str, int]] = {}  # ended request -> (conversation, generation)
         self._clock = itertools.count(1)
+        self._generations = itertools.count(1)
 
     def begin(self, request: OmniRequest) -> OmniRequest:
         """The request to submit: tagged with its conversation, its inputs cut to what is new when
@@ -119,6 +143,10 @@ class ConversationBook:
             ref["covered_s"] = record.open_s
         params = {**request.params, CONVERSATION_PARAM: ref}
         record.busy, record.resumed, record.messages = request.request_id, resume, len(messages)
+        if resume:
+            record.start = (True, record.covers, record.open_s, record.under_open)
+        else:
+            record.start, record.generation = (False, 0, 0, False), next(self._generations)
         record.until = partial_until(request.params)
         self._by_request[request.request_id] = cid
         return replace(request, inputs=inputs, params=params)
@@ -155,6 +183,7 @@ class ConversationBook:
     def undo_open(self, cid: str) -> None:
         record = self._records[cid]
         record.kept, record.open_s, record.under_open = record.under_open, 0, False
+        record.before = None
 
     def conversation_of(self, request_id: str) -> str | None:
         """The conversation of a request in flight that keeps state."""
@@ -169,7 +198,7 @@ class ConversationBook:
         (after a failure nobody vouches for it)."""
         cid = self._by_request.pop(request_id, None)
         record = self._records.get(cid) if cid is not None else None
-        if record is None or record.busy != request_id:
+        if cid is None or record is None or record.busy != request_id:
             return False
         record.busy = None
         record.last_used = next(self._clock)
@@ -178,10 +207,13 @@ class ConversationBook:
             if not (record.resumed and record.open_s):  # this piece opened the turn
                 record.under_open = record.resumed
             record.kept, record.covers, record.open_s = True, record.messages - 1, record.until
-            record.last_request = request_id
+            # Undoing a piece undoes its whole open turn (as ``undo_open``).
+            record.before = (record.under_open, record.covers, 0, False)
+            self._remember(request_id, cid, record)
         elif outcome == "done" or cut:
             record.kept, record.covers, record.open_s = True, record.messages + 1, 0
-            record.last_request = request_id
+            record.before = record.start
+            self._remember(request_id, cid, record)
         elif outcome == "aborted" and not record.until:
             # Stages went back to the state before the request: nothing, if it started afresh.
             record.kept = record.kept and record.resumed
@@ -189,6 +221,39 @@ class ConversationBook:
             record.kept = False
             return True
         return False
+
+    def _remember(self, request_id: str, cid: str, record: _Record) -> None:
+        record.last_request = request_id
+        self._turns[request_id] = (cid, record.generation)
+        if len(self._turns) > TURNS_REMEMBERED:
+            del self._turns[next(iter(self._turns))]
+
+    def withdraw(self, request_id: str) -> tuple[str | None, bool]:
+        """An ended request is withdrawn: (its conversation, whether to undo its turn) where its
+        turn is in the conversation's kept state (else (None, False): nothing to do). Undo: its
+        turn is the idle conversation's last and can be undone; the conversation is then busy
+        with the undo until ``withdrawn``. Else later turns were built on it (or one runs now)
+        and the caller drops the conversation's state."""
+        cid, generation = self._turns.pop(request_id, (None, 0))
+        record = self._records.get(cid) if cid is not None else None
+        if cid is None or record is None or record.generation != generation or not record.kept:
+            return None, False
+        if record.busy is None and record.last_request == request_id and record.before is not None:
+            record.busy, record.until = request_id, 0
+            self._by_request[request_id] = cid
+            return cid, True
+        return cid, False
+
+    def withdrawn(self, request_id: str) -> None:
+        """The stages undid ``request_id``'s turn (``withdraw``): the state is the one before it."""
+        cid = self._by_request.pop(request_id, None)
+        record = self._records.get(cid) if cid is not None else None
+        if record is None or record.busy != request_id or record.before is None:
+            return
+        kept = record.kept  # False if a keeping stage restarted with nothing meanwhile
+        record.busy, record.last_used = None, next(self._clock)
+        record.restore(record.before)
+        record.kept, record.before = kept and record.kept, None
 
     def busy_request(self, cid: str) -> str | None:
         record = self._records.get(cid)

@@ -2,8 +2,9 @@
 
 Owned by the coordinator and run on its event loop. It turns the session's requests into requests
 that continue kept state (``ConversationBook.begin``; first ``prepare`` lets the conversation's
-request in flight end, and undoes an open turn the request abandons), learns how each ended, cuts and drops kept
-state in the stages that keep conversations (those whose Ready said so), and after each turn
+request in flight end, and undoes an open turn the request abandons), learns how each ended, cuts
+and drops kept state (and undoes the turn of an ended request withdrawn: ``withdraw``) in the
+stages that keep conversations (those whose Ready said so), and after each turn
 checks every keeping stage's bytes (a fresh StageStats) against its ``Budget``, evicting idle
 conversations least recently used first. Nothing here holds per-request state beyond the book's
 entry of a request in flight.
@@ -110,6 +111,28 @@ class ConversationKeeping:
         """A barge-in on a request that already ended: cut it if it made a kept state."""
         for cid in self.book.conversations_made_by(request_id):
             if not await self._cut(request_id, (cid, keep_answer_tokens)):
+                self._forget(cid)
+
+    async def withdraw(self, request_id: str) -> None:
+        """An ended request is withdrawn (``Coordinator.withdraw``): where its turn is the last of
+        an idle conversation, the stages undo it (an Abort that keeps no answer, acknowledged as
+        every abort; meanwhile the conversation's next request waits in ``prepare``); where later
+        turns were built on it, the conversation's kept state is dropped (a full prefill next)."""
+        cid, undo = self.book.withdraw(request_id)
+        if cid is None:
+            return
+        acknowledged = False
+        try:
+            if undo:
+                log.info("conversation %s: the turn of %s is withdrawn; undone", cid, request_id)
+                acknowledged = await self._cut(request_id, (cid, None))
+        finally:
+            self.book.withdrawn(request_id)
+            ended = self._ended.pop(request_id, None)
+            if ended is not None:
+                ended.set()
+            if not acknowledged:
+                log.info("conversation %s: %s is withdrawn; its kept state is dropped", cid, request_id)
                 self._forget(cid)
 
     async def close(self, cid: str) -> None:

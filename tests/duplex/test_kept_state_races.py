@@ -1,7 +1,9 @@
 """The kept model state (``keep_model_state``) when a speculative answer is withdrawn late: after
 another request of the conversation was built, the kept state must stay that newer request's, so
 that what comes next (new instructions) is seen and the stale state is not continued; after the
-speculative request itself finished, the stages must still undo its turn.
+speculative request itself finished, the stages must still undo its turn (``Coordinator.withdraw``;
+the next turn waits for that undo, and where the turn cannot be undone the conversation's kept
+state is dropped).
 
 The session on semantic_vad with speculative answers (the helpers of test_semantic_turns.py), a
 scripted pipeline (a fake) that says what was asked.
@@ -14,13 +16,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
-import pytest
 
 from duplex.session.speculation import Speculation
 from harness.scripted_pipeline import RATE, ScriptedPipeline
 from harness.speech import speech, speech_with_pauses
 from pipeline.coordinator import Coordinator
-from pipeline.proto import Abort
+from pipeline.proto import Abort, DropConversation
 from tests.duplex.test_semantic_turns import Caller
 from tests.pipeline.test_unacknowledged_abort import FakeThinker, pipeline, request, resumed
 
@@ -77,8 +78,6 @@ async def test_new_instructions_after_a_response_created_during_a_speculation_st
     await session.close()
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/coordinator.py: a plain abort of an ended request "
-                   "sends nothing to the stages (see the test's doc)")
 async def test_a_speculation_that_finished_before_its_abort_leaves_the_stages_as_before_it(
         pipeline: tuple[Coordinator, FakeThinker]) -> None:
     """The speculative answer was all generated (it waited, buffered, for the turn's end) when the
@@ -100,3 +99,53 @@ async def test_a_speculation_that_finished_before_its_abort_leaves_the_stages_as
     async for _ in coordinator.stream(request("r2", "one", "answer", "two so far")):
         pass
     assert await resumed(stage), "the next turn did not continue the state from before the speculation"
+
+
+async def test_the_next_turn_waits_for_the_undo_of_a_withdrawn_turn(
+        pipeline: tuple[Coordinator, FakeThinker]) -> None:
+    """The next request comes while the withdrawn turn's undo is being acknowledged: it waits for
+    it, then continues the state from before the withdrawn turn."""
+    coordinator, stage = pipeline
+    for rid, texts in (("r1", ("one",)), ("s", ("one", "answer", "two so"))):
+        async for _ in coordinator.stream(request(rid, *texts)):
+            pass
+    await stage.submits.get()
+    await stage.submits.get()
+    withdrawing = asyncio.create_task(coordinator.withdraw("s"))
+    await asyncio.sleep(0)  # the undo is sent
+    async for _ in coordinator.stream(request("r2", "one", "answer", "two so far")):
+        pass
+    await withdrawing
+    assert await resumed(stage)
+    undo = next(i for i, m in enumerate(stage.seen) if isinstance(m, Abort) and m.request_id == "s")
+    assert undo < next(i for i, m in enumerate(stage.seen) if getattr(m, "payload", None) is not None
+                       and m.payload.request_id == "r2")
+
+
+async def test_a_withdrawn_turn_that_cannot_be_undone_drops_the_conversation(
+        pipeline: tuple[Coordinator, FakeThinker]) -> None:
+    """A later turn was built on the withdrawn one, or a stage did not acknowledge the undo: the
+    kept state is dropped and the next turn is a full prefill."""
+    coordinator, stage = pipeline
+    turns = (("one",), ("one", "answer", "two"), ("one", "answer", "two", "ans", "three"))
+    for i, texts in enumerate(turns[:2]):
+        async for _ in coordinator.stream(request(f"r{i}", *texts)):
+            pass
+    await coordinator.withdraw("r0")  # r1 continued it
+    await until(lambda: DropConversation("c", None) in stage.seen)
+    fourth = (*turns[2], "ans", "four")
+    for rid, texts in (("r2", turns[2]), ("r3", fourth)):
+        async for _ in coordinator.stream(request(rid, *texts)):
+            pass
+    for _ in range(2):
+        await stage.submits.get()
+    assert [await resumed(stage), await resumed(stage)] == [False, True]
+    stage.seen.clear()
+    stage.silent = True
+    await asyncio.wait_for(coordinator.withdraw("r3"), 5)  # by the abort's timeout
+    stage.silent = False
+    assert any(isinstance(m, Abort) and m.request_id == "r3" for m in stage.seen)
+    await until(lambda: DropConversation("c", None) in stage.seen)
+    async for _ in coordinator.stream(request("r4", *fourth)):  # r2's state is not vouched for
+        pass
+    assert not await resumed(stage)

@@ -365,3 +365,59 @@ def test_book_an_abandoned_first_turn_leaves_nothing_and_an_aborted_piece_drops_
     begin(book, "p2", [user("b"), assistant("x"), spoken(2)], prefill_until_s=1)
     assert book.end("p2", "aborted", None)  # the stages are told to drop the conversation
     assert book.last_request("c") is None
+
+
+# --- ended requests withdrawn (a speculative answer the user talked over) ---------------------
+
+
+def test_book_withdraws_an_ended_last_turn_back_to_the_state_before_it() -> None:
+    book = ConversationBook()
+    begin(book, "r1", [user("a")])
+    book.end("r1", "done", None)
+    begin(book, "s", [user("a"), assistant("x"), user("b so")])
+    book.end("s", "done", None)
+    assert book.withdraw("s") == ("c", True)
+    assert book.busy_request("c") == "s"  # the next request waits for the undo's acks
+    book.withdrawn("s")
+    assert book.withdraw("s") == (None, False)  # once only
+    nxt = begin(book, "r2", [user("a"), assistant("x"), user("b so far")])
+    assert nxt.params["conversation"] == {"id": "c", "resume": True}
+    assert nxt.inputs["messages"] == [user("b so far")]
+
+
+def test_book_withdraws_an_answer_to_an_open_turn_back_to_the_open_turn() -> None:
+    book = ConversationBook()
+    begin(book, "r1", [user("a")])
+    book.end("r1", "done", None)
+    turn = spoken(5)
+    begin(book, "p1", [user("a"), assistant("x"), turn], prefill_until_s=2)
+    book.end("p1", "done", None)
+    begin(book, "s", [user("a"), assistant("x"), turn], conversation_open_s=2)
+    book.end("s", "done", None)
+    assert book.withdraw("s") == ("c", True)
+    book.withdrawn("s")
+    piece = begin(book, "p2", [user("a"), assistant("x"), turn], prefill_until_s=4, conversation_open_s=2)
+    assert piece.params["conversation"] == {"id": "c", "resume": True, "covered_s": 2}
+
+
+def test_book_withdraws_a_first_turn_to_nothing_and_drops_only_what_a_turn_is_in() -> None:
+    book = ConversationBook()
+    begin(book, "s", [user("a")])
+    book.end("s", "done", None)
+    assert book.withdraw("s") == ("c", True)
+    book.withdrawn("s")
+    assert book.last_request("c") is None
+    assert not begin(book, "r1", [user("a")]).params["conversation"]["resume"]
+    book.end("r1", "done", None)
+    # A later turn was built on it: the caller drops the conversation's state.
+    begin(book, "r2", [user("a"), assistant("x"), user("b")])
+    book.end("r2", "done", None)
+    assert book.withdraw("r1") == ("c", False)
+    # Not in the state any more (a fresh start since, or aborted back): nothing to do.
+    begin(book, "r3", [user("z")])
+    book.end("r3", "done", None)
+    assert book.withdraw("r2") == (None, False)
+    begin(book, "r4", [user("z"), assistant("y"), user("w")])
+    book.end("r4", "aborted", None)
+    assert book.withdraw("r4") == (None, False)
+    assert book.last_request("c") == "r3"
