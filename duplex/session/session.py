@@ -11,6 +11,8 @@ the answer begins at each pause, unseen, and is adopted when the turn ends there
 the user goes on (:mod:`duplex.session.speculation`); its transcript is the judge's text cue.
 Where the model keeps the conversation's state, the turn is prefilled in pieces while the user
 speaks (:mod:`duplex.session.prefill`), so its end leaves only the last piece to do.
+Where the client asked for transcription, the turn is transcribed while the user speaks, and its
+words are told as they firm up (:mod:`duplex.session.live_transcript`).
 
 States (:class:`State`): listening → user_speaking → thinking → speaking → listening. While a
 response is active and ``interrupt_response`` is on, speech over the agent adds a barge-in
@@ -45,6 +47,7 @@ from duplex.session.conversation import Conversation
 from duplex.session.history import History, Item
 from duplex.session.input_buffer import InputBuffer
 from duplex.session.interruptions import Interruptions
+from duplex.session.live_transcript import LiveTranscript
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.model_state import KeptModelState
 from duplex.session.prefill import TurnPrefill
@@ -98,6 +101,7 @@ class Session:
                                       {"session_id": session_id})
         piece_s = defaults.prefill_piece_s if defaults.keep_model_state else 0
         self._prefill = TurnPrefill(pipeline, piece_s, {"session_id": session_id})
+        self._live = LiveTranscript(pipeline, self.conversation.transcribing, {"session_id": session_id})
         self._input = InputBuffer(defaults.max_input_audio_s, SAMPLE_RATE)
         self._response: Response | None = None
         # Out-of-band, text-only responses (``conversation: "none"``): they run beside the
@@ -144,6 +148,7 @@ class Session:
         self._judge.forget()
         await self._speculator.close()
         await self._prefill.close()
+        await self._live.close()
         await self._model_state.close()
         self.history.clear()
         self._input.clear()
@@ -203,6 +208,8 @@ class Session:
                                   lambda audio: self._requests.speculative(self.config, audio))
             self._prefill.step(self._detector, self._quiet() and not self._speculator.active,
                                lambda audio, until: self._requests.partial(self.config, audio, until))
+            self._live.step(self._detector, self._live_item(),
+                            lambda audio: self._requests.recognition(self.config, audio))
             self._interruptions.check(self)
 
     def _semantic_turn_end(self) -> bool:
@@ -221,6 +228,11 @@ class Session:
     def _quiet(self) -> bool:
         """Whether nothing of the conversation runs: no response, no barge-in, not closed."""
         return self._response is None and self.barge_in is None and not self._closed
+
+    def _live_item(self) -> str | None:
+        """The user item the turn in progress becomes, where the client asked for its transcript."""
+        speaking = self.state is State.USER_SPEAKING and self.config.transcription is not None
+        return self._user_item_id if speaking else None
 
     async def settled(self) -> None:
         """Until the end-of-turn model answered for the current pause (tests on virtual time)."""
@@ -248,6 +260,7 @@ class Session:
             return
         item_id = self._user_item_id or new_id("item")
         self._user_item_id = None
+        self._live.end_turn()
         self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=stop.end_ms, item_id=item_id))
         td = self.config.turn_detection
         answers = td is not None and td.create_response
