@@ -4,11 +4,14 @@ the bad client is ended or answered with errors, and the good session is answere
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 from collections.abc import Iterator
 
 import pytest
-import websockets
+from websockets.client import ClientProtocol
+from websockets.uri import parse_uri
 
 from duplex.transports.binding import EVENT_BURST
 from harness.calls import QUESTION, hang_up, open_call
@@ -29,25 +32,45 @@ async def sessions(server: ServerProcess, transport: str) -> float:
     return server.metric("duplex_sessions_active", {"transport": transport})
 
 
+async def deaf_client(url: str) -> tuple[ClientProtocol, asyncio.StreamWriter]:
+    """A WebSocket client that never reads a byte after its handshake: a socket with a small
+    receive buffer, driven by websockets' sans-I/O protocol (a client library would go on reading
+    into its own memory, and the server's sends would go on draining)."""
+    uri = parse_uri(url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (uri.host, uri.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    protocol = ClientProtocol(uri, max_size=None)
+    protocol.send_request(protocol.connect())
+    writer.write(b"".join(protocol.data_to_send()))
+    protocol.receive_data(await reader.readuntil(b"\r\n\r\n"))
+    assert protocol.handshake_exc is None, protocol.handshake_exc
+    return protocol, writer
+
+
 async def test_a_client_that_never_reads_is_ended_and_others_are_served(server: ServerProcess) -> None:
     url = server.url.replace("http://", "ws://") + "/v1/realtime?model=m"
     good = await open_call(server)
-    # max_queue=1: the client library stops reading the socket at once, like a client that hangs.
-    async with websockets.connect(url, max_queue=1) as deaf:
-        # Each echo (session.updated) carries the 90 kB instructions: ~90 of them pass the 8 MiB of
-        # unsent events, well before the event rate limit (bursts of 1,000) could end it instead.
-        update = json.dumps({"type": "session.update", "session": {"instructions": "x" * 90_000}})
-        ended = False
-        async with asyncio.timeout(TIMEOUT):
-            for _ in range(EVENT_BURST - 100):
-                try:
-                    await deaf.send(update)
-                except websockets.ConnectionClosed:
-                    ended = True
-                    break
-            if not ended:  # every update was sent: the server ends the session meanwhile
-                while await sessions(server, "websocket") > 0:
-                    await asyncio.sleep(0.1)  # a gauge of another process: polled
+    protocol, deaf = await deaf_client(url)
+    # Each echo (session.updated) carries the 90 kB instructions: ~90 of them past what the
+    # sockets hold pass the 8 MiB of unsent events, well before the event rate limit (bursts of
+    # 1,000) could end it instead.
+    update = json.dumps({"type": "session.update", "session": {"instructions": "x" * 90_000}})
+    async with asyncio.timeout(TIMEOUT):
+        for _ in range(EVENT_BURST - 100):
+            protocol.send_text(update.encode())
+            deaf.write(b"".join(protocol.data_to_send()))
+            # The server stops reading once it ended the session (its close frame waits on our
+            # never-read socket): past a second without draining, see whether it has.
+            with contextlib.suppress(TimeoutError, ConnectionError):
+                await asyncio.wait_for(deaf.drain(), 1.0)
+            if deaf.transport.get_write_buffer_size() and await sessions(server, "websocket") == 0:
+                break
+        while await sessions(server, "websocket") > 0:
+            await asyncio.sleep(0.1)  # a gauge of another process: polled
+    deaf.transport.abort()
     assert "reads none of its last" in server.log()
     # The WebRTC session was answered as usual, during and after the flood.
     await good.mic.say(speech(QUESTION, 48000, 0.3, 0.0))
