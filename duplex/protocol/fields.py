@@ -22,6 +22,20 @@ def expect(value: Any, kind: type | tuple[type, ...], param: str) -> Any:
     return value
 
 
+# Instructions go into every request of the session: a client's 16 MiB of them would be tokenized
+# and prefilled (or cut) on every turn. OpenAI documents no limit; this is far above any real
+# system prompt.
+MAX_INSTRUCTIONS_CHARS = 100_000
+
+
+def instructions(raw: Any, param: str) -> str:
+    """A string of at most :data:`MAX_INSTRUCTIONS_CHARS` characters."""
+    text = expect(raw, str, param)
+    if len(text) > MAX_INSTRUCTIONS_CHARS:
+        raise RealtimeError(f"{param} is longer than {MAX_INSTRUCTIONS_CHARS} characters", param=param)
+    return text
+
+
 def output_modalities(raw: Any, param: str) -> tuple[str, ...]:
     if not isinstance(raw, list) or not all(isinstance(m, str) for m in raw) or set(raw) not in MODALITY_SETS:
         raise RealtimeError("output_modalities must be ['audio'], ['text'] or both", param=param)

@@ -14,6 +14,7 @@ from typing import Any
 from duplex.protocol.events import RealtimeError
 from duplex.protocol.fields import (
     expect,
+    instructions,
     max_output_tokens,
     metadata,
     output_modalities,
@@ -66,7 +67,7 @@ def response_spec(raw: dict[str, Any], config: SessionConfig, voices: Collection
                             param=f"response.{unknown[0]}")
     out: dict[str, Any] = {}
     if "instructions" in given:
-        out["instructions"] = expect(given["instructions"], str, "response.instructions")
+        out["instructions"] = instructions(given["instructions"], "response.instructions")
     for key in ("output_modalities", "modalities"):
         if key in given:
             out["output_modalities"] = output_modalities(given[key], f"response.{key}")

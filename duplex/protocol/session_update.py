@@ -14,6 +14,7 @@ from typing import Any
 from duplex.protocol.events import RealtimeError, format_object
 from duplex.protocol.fields import (
     expect,
+    instructions,
     max_output_tokens,
     output_modalities,
     tool_choice,
@@ -154,7 +155,7 @@ Parse = Callable[[Any, str], Any]
 SESSION_FIELDS: dict[str, tuple[str, Parse]] = {
     "type": ("", _session_type),
     "model": ("", lambda raw, param: expect(raw, str, param)),  # the preset decides the model
-    "instructions": ("instructions", lambda raw, param: expect(raw, str, param)),
+    "instructions": ("instructions", instructions),
     "output_modalities": ("output_modalities", output_modalities),
     "modalities": ("output_modalities", output_modalities),
     "max_output_tokens": ("max_output_tokens", max_output_tokens),

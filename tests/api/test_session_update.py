@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from duplex.protocol.events import RealtimeError
+from duplex.protocol.fields import MAX_INSTRUCTIONS_CHARS
 from duplex.protocol.response_create import response_spec
 from duplex.protocol.session_update import apply_session_update, session_object
 from duplex.session.config import SessionConfig
@@ -79,3 +80,16 @@ def test_response_create_over_the_session() -> None:
         with pytest.raises(RealtimeError) as refused:
             response_spec(raw, session, VOICES)
         assert refused.value.param == param
+
+
+def test_instructions_longer_than_the_limit_are_refused_and_the_rest_applies() -> None:
+    long = "x" * (MAX_INSTRUCTIONS_CHARS + 1)
+    config, errors = apply_session_update(CONFIG, {"instructions": long, "max_output_tokens": 7},
+                                          VOICES)
+    assert [e.param for e in errors] == ["session.instructions"]
+    assert config.instructions == CONFIG.instructions and config.max_output_tokens == 7
+    at_limit, errors = apply_session_update(CONFIG, {"instructions": long[1:]}, VOICES)
+    assert not errors and at_limit.instructions == long[1:]
+    with pytest.raises(RealtimeError) as refused:
+        response_spec({"instructions": long}, CONFIG, VOICES)
+    assert refused.value.param == "response.instructions"
