@@ -71,7 +71,9 @@ async def test_spoken_question_is_transcribed_before_the_answer(coordinator: Coo
 @pytest.mark.parametrize(
     ("question", "answer"),
     [
-        ("Which city is the capital of France?", "paris"),
+        # Not "... capital of France?": Whisper tiny.en hears espeak's "of France" as "and France"
+        # or "and friends" on some runs, and the model then names another capital.
+        ("What is the capital of Japan?", "tokyo"),
         ("How many legs does a spider have?", "8"),
         ("What is frozen water called?", "ice"),
     ],
@@ -141,8 +143,8 @@ async def test_abort_mid_answer_clears_every_stage(coordinator: Coordinator) -> 
     assert_no_live_state(await coordinator.stage_stats())
     chunks = (
         await collect(
-            coordinator, spoken("Which city is the capital of France?", modalities=["text"]), 60
+            coordinator, spoken("What is the capital of Japan?", modalities=["text"]), 60
         )
     ).chunks
-    assert "paris" in normalize(texts(chunks, "text"))
+    assert "tokyo" in normalize(texts(chunks, "text"))
     await wait_clear(coordinator)
