@@ -28,6 +28,12 @@ def _matches(given: str | None, key: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), key.encode())
 
 
+def token_ok(key: str | None, *given: str | None) -> bool:
+    """No key configured, or one of ``given`` (tokens from where a client cannot send headers:
+    Twilio's query and ``customParameters``) is it; compared in constant time."""
+    return key is None or any(_matches(g, key) for g in given)
+
+
 def _bearer(header: str | None) -> str | None:
     if header and header.lower().startswith("bearer "):
         return header[7:].strip()
@@ -85,7 +91,7 @@ def websocket_key_ok(websocket: WebSocket, key: str | None, query_token: str | N
         return True
     if any(_matches(g, key) for g in _websocket_keys(websocket)):
         return True
-    return _matches(query_token, key) or websocket_secret(websocket) is not None
+    return token_ok(key, query_token) or websocket_secret(websocket) is not None
 
 
 def websocket_subprotocol(websocket: WebSocket) -> str | None:

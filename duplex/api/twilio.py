@@ -16,14 +16,13 @@ for the limit or an unready pipeline is closed with 1013, a bad signature, token
 
 from __future__ import annotations
 
-import hmac
 import logging
 from xml.sax.saxutils import quoteattr
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
 
-from duplex.api.auth import app_state
+from duplex.api.auth import app_state, token_ok
 from duplex.api.errors import ERROR_RESPONSES, APIError
 from duplex.api.twilio_signature import SIGNATURE_HEADER, public_origin, public_url, signature_ok
 from duplex.app_state import AppState
@@ -46,11 +45,6 @@ class TwimlResponse(Response):
     media_type = "application/xml"
 
 
-def _token_ok(key: str | None, *given: str | None) -> bool:
-    return key is None or any(t is not None and hmac.compare_digest(t.encode(), key.encode())
-                              for t in given)
-
-
 @router.post(f"{STREAM_PATH}/voice", response_class=TwimlResponse, responses=ERROR_RESPONSES)
 async def voice(request: Request, token: str | None = None) -> Response:
     settings = app_state(request).settings
@@ -62,7 +56,7 @@ async def voice(request: Request, token: str | None = None) -> Response:
             log.info("twilio voice webhook refused: missing or invalid X-Twilio-Signature")
             raise APIError(403, f"missing or invalid {SIGNATURE_HEADER}", "invalid_signature",
                            kind="authentication_error")
-    if not _token_ok(settings.api_key, token):
+    if not token_ok(settings.api_key, token):
         raise APIError(401, "missing or invalid token (?token=KEY)", "invalid_api_key",
                        kind="authentication_error")
     url = public_origin(request, websocket=True) + STREAM_PATH
@@ -91,7 +85,7 @@ async def media_stream(websocket: WebSocket, token: str | None = None) -> None:
         return
     if start is None:
         return  # the client left before 'start'
-    if not _token_ok(settings.api_key, token, start.token):
+    if not token_ok(settings.api_key, token, start.token):
         log.info("twilio stream %.64s refused: missing or invalid token", start.stream_sid)
         await websocket.close(CLOSE_POLICY_VIOLATION, "missing or invalid token")
         return
