@@ -4,8 +4,9 @@ on spoken turns made at run time (:mod:`evaluation.turn_utterances`).
     python -m evaluation.turn_eval            # measure the shipped policy and model
     python -m evaluation.turn_eval --tune     # also fit the cue weights and search the policy
 
-Where the offline model set is installed, every asked pause is also transcribed by its recogniser
-(Whisper tiny.en, as the speculative request does in the server) and its words judged by the
+Where the offline model set is installed, every pause that reaches ``WORDS_AT_MS`` is also
+transcribed by its recogniser (Whisper tiny.en, as the speculative request begun then does in the
+server) and its words judged by the
 language model the ``asr`` stage runs beside it (``finished_text``), and semantic_vad is measured
 a second time with the words of the pause as a cue ("+ words"); a decision at the ask then also
 waits for the recognition and the judgement.
@@ -57,6 +58,7 @@ from duplex.turns.end_of_turn import (
 from duplex.turns.prosody import final_pitch_fall
 from duplex.turns.semantic_policy import (
     MIN_SILENCE_MS,
+    WORDS_AT_MS,
     Eagerness,
     patience,
 )
@@ -118,7 +120,7 @@ def main() -> None:
     turns = utterances(TAIL_S)
     print(f"{len(turns)} turns synthesized in {time.perf_counter() - started:.1f} s")
     hear, judge = _recogniser()
-    traces = [trace(u, model, MIN_SILENCE_MS, hear, judge) for u in turns]
+    traces = [trace(u, model, MIN_SILENCE_MS, hear, judge, WORDS_AT_MS) for u in turns]
     calls = [s * 1000 for t in traces for s in t.call_seconds]
     heard = [s * 1000 for t in traces for s in t.hear_seconds]
     timing = _model_timing(model, turns[0].audio)
@@ -126,8 +128,10 @@ def main() -> None:
     # traces, where it shares the cores with the VAD loop and the synthesis.
     call_ms = timing["smart_turn"] + timing["pitch_fall"]
     # With the words, the decision at the ask waits for the slower of the model and the
-    # recogniser (they run side by side: the model in the session, recognition in the pipeline).
-    words_ask_ms = max(call_ms, statistics.median(heard)) if heard else call_ms
+    # recogniser (they run side by side: the model in the session, recognition in the pipeline,
+    # asked for sooner, at WORDS_AT_MS).
+    words_ask_ms = (max(call_ms, WORDS_AT_MS + statistics.median(heard) - MIN_SILENCE_MS)
+                    if heard else call_ms)
 
     weights: Weights = (W_MODEL, W_FALL, BIAS)
     text_weights: TextWeights = (W_TEXT, TEXT_BIAS)
@@ -164,6 +168,7 @@ def main() -> None:
         "text_weights": dict(zip(("w_text", "bias"), text_weights)),
         "policy": {str(e): dataclasses.asdict(r) for e, r in rules.items()},
         "min_silence_ms": MIN_SILENCE_MS,
+        "words_at_ms": WORDS_AT_MS,
         "auc": {
             "smart_turn": auc(traces, lambda p: p.cues.smart_turn),
             "pitch_fall": auc(traces, lambda p: -(p.cues.pitch_fall or 0.0)),

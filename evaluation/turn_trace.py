@@ -56,10 +56,12 @@ class Trace:
 
 def trace(utterance: Utterance, model: EndOfTurnModel, ask_at_ms: int,
           hear: Callable[[np.ndarray], str] | None = None,
-          judge: Callable[[str], float] | None = None) -> Trace:
+          judge: Callable[[str], float] | None = None, words_at_ms: int | None = None) -> Trace:
     """The pauses of ``utterance`` and the model's answer in each that lasted ``ask_at_ms``
     (rounded up to whole 32 ms VAD windows), with what ``hear`` made of the turn so far and what
-    ``judge`` (the pipeline's text end-of-turn judge) made of those words; see the module doc."""
+    ``judge`` (the pipeline's text end-of-turn judge) made of those words, once the pause lasted
+    ``words_at_ms`` (``ask_at_ms`` by default); see the module doc."""
+    words_at_ms = ask_at_ms if words_at_ms is None else words_at_ms
     detector = TurnDetector(TurnDetection(silence_duration_ms=10_000))
     audio = utterance.audio
     pauses: list[Pause] = []
@@ -78,18 +80,18 @@ def trace(utterance: Utterance, model: EndOfTurnModel, ask_at_ms: int,
         if current is None:
             current = Pause(start_ms=detector.position_ms - silence, length_ms=0)
         current.length_ms = silence
+        so_far = audio[: detector.position_ms * SAMPLE_RATE // 1000]
         if current.cues is None and silence >= ask_at_ms:
-            so_far = audio[: detector.position_ms * SAMPLE_RATE // 1000]
             started = time.perf_counter()
             current.cues = model.cues(so_far)
             calls.append(time.perf_counter() - started)
-            if hear is not None:
-                started = time.perf_counter()
-                current.transcript = hear(so_far)
-                current.words = read_transcript(current.transcript)
-                if judge is not None:
-                    current.finished_text = judge(current.transcript)
-                heard.append(time.perf_counter() - started)
+        if hear is not None and current.transcript is None and silence >= words_at_ms:
+            started = time.perf_counter()
+            current.transcript = hear(so_far)
+            current.words = read_transcript(current.transcript)
+            if judge is not None:
+                current.finished_text = judge(current.transcript)
+            heard.append(time.perf_counter() - started)
     if current is not None:
         pauses.append(current)
     return Trace(utterance, pauses, calls, heard)

@@ -1,9 +1,9 @@
 """A speculative response: the answer to a turn begun at a pause, before the turn is known to have
 ended, so that a patient turn detector still answers fast.
 
-Under semantic_vad, when a pause of the user's turn is long enough for the end-of-turn model to be
-asked, the session submits the request it would submit if the turn ended there (the history and
-the turn's audio so far) and a :class:`Speculation` streams it into a buffer. Nothing of it reaches
+Under semantic_vad, when a pause of the user's turn is long enough for its words to be asked about
+(``WORDS_AT_MS``), the session submits the request it would submit if the turn ended there (the
+history and the turn's audio so far) and a :class:`Speculation` streams it into a buffer. Nothing of it reaches
 the client or the history. Then either:
 
 - the turn ends in that pause: the session commits the turn as usual and a :class:`Response` adopts
@@ -41,7 +41,7 @@ import numpy as np
 
 from duplex import metrics
 from duplex.session.model_pipeline import ModelPipeline
-from duplex.turns.semantic_policy import MIN_SILENCE_MS
+from duplex.turns.semantic_policy import WORDS_AT_MS
 from duplex.turns.server_vad import TurnDetector
 from pipeline.coordinator import PipelineError, PipelineOverloaded
 from pipeline.proto import OmniRequest, OutputChunk
@@ -131,7 +131,7 @@ class Speculator:
         if current is not None and not (may_start and pausing and detector.pause_start == current.pause):
             self._drop()
         if (self._current is None and may_start and pausing
-                and detector.silence_ms >= MIN_SILENCE_MS and detector.pause_start != self._last_pause):
+                and detector.silence_ms >= WORDS_AT_MS and detector.pause_start != self._last_pause):
             self._last_pause = detector.pause_start
             audio = detector.turn_audio()
             self._current = Speculation(self._pipeline, request_for(audio), audio,

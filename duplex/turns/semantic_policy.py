@@ -15,7 +15,8 @@ OpenAI's ``semantic_vad`` takes an ``eagerness`` (``low``, ``medium``, ``high``;
 4. Where the words of the turn so far are known (:mod:`duplex.turns.transcript_cue`), words that
    cannot end a sentence hold the turn until the maximum wait, and words that read as finished
    bring in the pipeline's own judgement of them, where it makes one (a language model's
-   P(finished), ``input_end_of_turn``): it joins the audio's probability
+   P(finished), ``input_end_of_turn``; asked for at ``WORDS_AT_MS``, sooner than the model, so
+   that they are in when a decision may fall): it joins the audio's probability
    (:func:`probability_with_words`) and, when sure, ends the turn at the first ask. Words that
    read as neither (numbers and codes, read in groups) add nothing.
 
@@ -60,6 +61,15 @@ class Decision(enum.StrEnum):
 # 6 VAD windows of 32 ms: the VAD's own lag already puts ~60-100 ms between the last sound and
 # the start of the silence count, so the model is asked ~300 ms after the real end of speech.
 MIN_SILENCE_MS = 192
+
+# 3 windows: the words (recognised and judged by the speculative request the session begins then,
+# ~100-150 ms) are asked for this early so that they are in by about when the model answers, and
+# the answer begun then has that much of a head start. (The model itself keeps its ask: it was
+# tuned on 192 ms of trailing silence, and with 96 it scores finished sentences lower.) Pauses this
+# long inside a turn are few beyond the mid-sentence pauses the policy waits through anyway
+# (evaluation/turn_eval.py's spoken set: 77 pauses reach 96 ms, 69 reach 192 ms, in 144 turns): few
+# answers are begun and withdrawn for it.
+WORDS_AT_MS = 96
 
 MAX_WAIT_MS = {Eagerness.LOW: 8000, Eagerness.MEDIUM: 4000, Eagerness.HIGH: 2000}
 

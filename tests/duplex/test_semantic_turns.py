@@ -26,7 +26,7 @@ from duplex.session.session import Session
 from duplex.settings import SessionDefaults
 from duplex.turns import end_of_turn
 from duplex.turns.config import TurnDetection
-from duplex.turns.semantic_policy import MAX_WAIT_MS, MIN_SILENCE_MS, Eagerness, patience
+from duplex.turns.semantic_policy import MAX_WAIT_MS, MIN_SILENCE_MS, WORDS_AT_MS, Eagerness, patience
 from duplex.turns.server_vad import TurnDetector
 from harness.scripted_pipeline import RATE, ScriptedPipeline
 from harness.speech import speech, speech_with_pauses
@@ -224,6 +224,27 @@ async def _commit_time(transcript: str, finished: float | None = None
     pipeline.push(text="Paris.", audio=np.full(RATE // 10, 0.1, np.float32), sample_rate=RATE)
     await caller.until(lambda: caller.committed_at, "end of turn")
     return caller.committed_at[0] - vad.pause_start * 1000 // 16000, caller, pipeline
+
+
+async def test_the_answer_is_begun_when_the_pause_reaches_the_words_ask_before_any_decision() -> None:
+    """The speculative request (whose words the decision weighs) goes out at ``WORDS_AT_MS`` of
+    the VAD's silence, so that its words are in by the time a decision may fall."""
+    pipeline = ScriptedPipeline()
+    caller = Caller(pipeline, eagerness="high")
+    question = speech("What is the capital of France?", 16000, 0.3, 0.0)
+    vad = TurnDetector(TurnDetection(silence_duration_ms=10_000))
+    vad.process(np.concatenate([question, np.zeros(16000, np.float32)]))
+    for start in range(0, len(question) - STEP + 1, STEP):  # espeak's own trailing silence too
+        await caller.feed(question[start : start + STEP])
+        await asyncio.sleep(0)  # the speculation's task submits its request
+        if pipeline.requests:
+            break
+    await caller.until(lambda: pipeline.requests, "request")
+    silence_ms = caller.ms - vad.pause_start * 1000 // 16000
+    assert WORDS_AT_MS <= silence_ms < WORDS_AT_MS + 64 < MIN_SILENCE_MS, silence_ms
+    assert caller.committed_at == []
+    pipeline.end()
+    await caller.session.close()
 
 
 async def test_the_words_of_the_pause_hold_an_unfinished_turn_and_the_adopted_answer_replays() -> None:
