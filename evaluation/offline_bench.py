@@ -1,6 +1,7 @@
 """The offline model set (configs/offline.yaml) answering spoken questions, as the server runs it.
 
     python -m evaluation.offline_bench [--mode process|inproc] [--rounds 1]
+        [--set STAGE.OPTION=VALUE ...] [--name offline_bench] [--conversation]
 
 Eight espeak-ng questions go through ``start_pipeline`` one after another (after one warm-up), each
 submitted the way the session does at its end-of-turn decision. Per request, from submit: the
@@ -8,8 +9,13 @@ transcript chunk (speech recognition done), the first answer text (LM prefill an
 the first agent audio, and the end; per stage, the mean compute of one step (``asr``: one
 transcription, ``lm``: one token, ``tts``: one clause) from the pipeline's own step histogram; and
 the wait for the first clause's text (the splitter needs a clause before synthesis starts).
-Prints a table, writes evaluation/results/offline_bench.{json,png}. The agent's answers and the
-recognised questions are in the JSON (with their WER) so the numbers can be read against them.
+Prints a table, writes evaluation/results/offline_bench.{json,png} (``--name``: another name, for
+a variant). The agent's answers and the recognised questions are in the JSON (with their WER) so
+the numbers can be read against them, and so is what Whisper hears of the answers' speech (its WER
+against the answer text: how intelligible the synthesis is, clause seams included). ``--set``
+changes a stage of configs/offline.yaml for the run; ``--conversation`` asks the questions as one
+conversation, each after the ones before and their answers (the prompt grows as in a call) (``threads`` is the stage's own field, any
+other name one of its ``options``), to compare variants.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import matplotlib
 import numpy as np
+import yaml
 from prometheus_client import REGISTRY
 
 from evaluation.bench_common import ROOT, format_table, machine, save_figure, save_results
@@ -30,7 +37,8 @@ from harness.speech import speech
 from harness.wer import wer
 from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
-from pipeline.models.offline.sources import lm_source, prepare_lm
+from pipeline.models.offline.asr import Transcriber
+from pipeline.models.offline.sources import asr_model_dir, lm_source, prepare_lm
 from pipeline.proto import OmniRequest
 from pipeline.runner import start_pipeline
 
@@ -58,13 +66,18 @@ class Turn:
     times: dict[str, float] = field(default_factory=dict)
     transcript: str = ""
     text: str = ""
-    audio_s: float = 0.0
+    audio: list[np.ndarray] = field(default_factory=list)  # the answer's speech, clause by clause
+    rate: int = 0
+    first_clause: str = ""
 
 
-async def ask(coordinator: Coordinator, rid: str, question: str) -> Turn:
+async def ask(coordinator: Coordinator, rid: str, question: str,
+              history: list[dict[str, Any]] | None = None) -> Turn:
+    """``question`` spoken, after the conversation ``history`` (text messages), if any."""
     turn = Turn(question)
     message = {"role": "user", "text": None, "audio": speech(question, RATE), "sample_rate": RATE}
-    request = OmniRequest(rid, {"messages": [message]}, {"modalities": ["text", "audio"]})
+    request = OmniRequest(rid, {"messages": [*(history or []), message]},
+                          {"modalities": ["text", "audio"]})
     text_times: list[tuple[float, int]] = []  # (arrival, length of the text so far)
     first_clause = ""
     start = time.perf_counter()
@@ -81,10 +94,12 @@ async def ask(coordinator: Coordinator, rid: str, question: str) -> Turn:
         if "audio" in data:
             turn.times.setdefault("first_audio", now)
             first_clause = first_clause or data["spoken_text"]
-            turn.audio_s += len(data["audio"]) / data["sample_rate"]
+            turn.audio.append(np.asarray(data["audio"], dtype=np.float32))
+            turn.rate = data["sample_rate"]
     turn.times["done"] = time.perf_counter() - start
     # The splitter releases a clause once the character after it arrived (or the answer ended).
     ready = [t for t, length in text_times if length > len(first_clause)]
+    turn.first_clause = first_clause
     turn.times["first_clause_text"] = (
         ready[0] if ready else text_times[-1][0] if text_times else 0.0
     )
@@ -109,8 +124,29 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-async def run(mode: str, rounds: int) -> dict[str, Any]:
-    config = parse_pipeline_config(read_yaml(ROOT / "configs" / "offline.yaml")["pipeline"])
+def configured(changes: list[str]) -> dict[str, Any]:
+    """configs/offline.yaml's pipeline with each ``STAGE.OPTION=VALUE`` of ``changes`` applied."""
+    pipeline = read_yaml(ROOT / "configs" / "offline.yaml")["pipeline"]
+    stages = {s["name"]: s for s in pipeline["stages"]}
+    for change in changes:
+        key, _, value = change.partition("=")
+        stage, _, option = key.partition(".")
+        if stage not in stages or not option or not value:
+            raise SystemExit(f"{change!r}: want STAGE.OPTION=VALUE with STAGE in {sorted(stages)}")
+        target = stages[stage] if option == "threads" else stages[stage].setdefault("options", {})
+        target[option] = yaml.safe_load(value)
+    return pipeline
+
+
+def spoken_wer(turns: list[Turn]) -> list[float]:
+    """Whisper tiny.en (the preset's recogniser) on each answer's speech, against its text."""
+    hear = Transcriber(asr_model_dir("packaged"), threads=2)
+    return [wer(t.text, hear.transcribe(np.concatenate(t.audio), t.rate)) if t.audio else 1.0
+            for t in turns]
+
+
+async def run(mode: str, rounds: int, changes: list[str], conversation: bool) -> dict[str, Any]:
+    config = parse_pipeline_config(configured(changes))
     await asyncio.to_thread(prepare_lm, lm_source("packaged"))
     started = time.perf_counter()
     coordinator = await start_pipeline(config, mode=mode)
@@ -119,10 +155,14 @@ async def run(mode: str, rounds: int) -> dict[str, Any]:
         await ask(coordinator, "warmup", "Hello there.")
         await coordinator.stage_stats()
         before = step_totals()
-        turns = []
+        turns: list[Turn] = []
+        history: list[dict[str, Any]] = []
         for r in range(rounds):
             for i, question in enumerate(QUESTIONS):
-                turns.append(await ask(coordinator, f"q{r}-{i}", question))
+                turns.append(await ask(coordinator, f"q{r}-{i}", question, history))
+                if conversation:  # the next question continues this conversation
+                    history += [{"role": "user", "text": turns[-1].transcript},
+                                {"role": "assistant", "text": turns[-1].text}]
         await asyncio.sleep(0.5)  # the stages' last periodic reports carry their last steps
         await coordinator.stage_stats()
         after = step_totals()
@@ -132,8 +172,11 @@ async def run(mode: str, rounds: int) -> dict[str, Any]:
         s: round(1000 * (after[s][0] - before[s][0]) / max(1.0, after[s][1] - before[s][1]), 1)
         for s in STAGES
     }
+    spoken = spoken_wer(turns)
     return {
         "mode": mode,
+        "changes": changes,
+        "conversation": conversation,
         "machine": machine(),
         "pipeline_start_s": round(start_s, 2),
         "phases_ms": {p: percentiles([t.times[p] for t in turns]) for p in PHASES},
@@ -152,15 +195,18 @@ async def run(mode: str, rounds: int) -> dict[str, Any]:
         "transcript_wer_mean": round(
             float(np.mean([wer(t.question, t.transcript) for t in turns])), 3
         ),
+        "spoken_answer_wer_mean": round(float(np.mean(spoken)), 3),
         "turns": [
             {
                 "question": t.question,
                 "transcript": t.transcript,
                 "answer": t.text,
-                "audio_s": round(t.audio_s, 2),
+                "audio_s": round(sum(len(a) for a in t.audio) / max(t.rate, 1), 2),
+                "first_clause": t.first_clause,
+                "spoken_wer": round(w, 3),
                 "ms": {k: round(v * 1000) for k, v in t.times.items()},
             }
-            for t in turns
+            for t, w in zip(turns, spoken, strict=True)
         ],
     }
 
@@ -193,14 +239,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=["process", "inproc"], default="process")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], metavar="STAGE.OPTION=VALUE")
+    parser.add_argument("--name", default="offline_bench", help="results file name")
+    parser.add_argument("--conversation", action="store_true",
+                        help="one conversation: each question after the ones before and their answers")
     args = parser.parse_args()
-    results = asyncio.run(run(args.mode, args.rounds))
+    results = asyncio.run(run(args.mode, args.rounds, args.set, args.conversation))
     rows = [[p, v["p50"], v["p90"]] for p, v in results["phases_ms"].items()]
     rows += [[p, v["p50"], v["p90"]] for p, v in results["derived_ms"].items()]
     print(format_table(["from submit / phase (ms)", "p50", "p90"], rows))
     print(format_table(["stage", "mean step ms"], list(results["step_mean_ms"].items())))
-    print(f"transcript WER (mean): {results['transcript_wer_mean']}, load: {results['machine']}")
-    save_results("offline_bench", results, plot)
+    print(f"transcript WER (mean): {results['transcript_wer_mean']}, spoken answers' WER (mean): "
+          f"{results['spoken_answer_wer_mean']}, load: {results['machine']}")
+    save_results(args.name, results, plot)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,18 @@ def test_short_clauses_join_the_next_and_long_ones_are_cut_at_a_space() -> None:
     assert all(len(c) <= 40 for c in clauses)
 
 
+def test_the_first_clause_ends_after_its_first_words_where_no_punctuation_came_first() -> None:
+    text = "The capital of Japan is Tokyo. It is a big city and it is very old indeed"
+    deltas = [text[i : i + 3] for i in range(0, len(text), 3)]
+    clauses = split_all(text, deltas, first_words=4)
+    assert clauses == ["The capital of Japan", " is Tokyo. It is a big city and it is very old indeed"]
+    # Punctuation that comes first ends it as usual; later clauses never end at a word count.
+    assert split_all("", ["Yes, of course. I can do that for you now"], first_words=4) == [
+        "Yes, of course.", " I can do that for you now"]
+    assert split_all("", ["Tokyo"], first_words=4) == ["Tokyo"]
+    assert split_all("", ["Tokyo is big"], first_words=0) == ["Tokyo is big"]
+
+
 def test_wer_normalises_case_punctuation_and_numbers() -> None:
     assert normalize("Twenty-one apples, 1,000 pears; It's EIGHT!") == [
         "21",

@@ -99,10 +99,12 @@ class Speaker:
         self.sample_rate = int(self._voice.config.sample_rate)
         self._min_chars = int(options.get("min_clause_chars", 10))
         self._max_chars = int(options.get("max_clause_chars", 160))
+        self._first_words = int(options.get("first_clause_words", 0))
 
     def new_state(self, payload: StagePayload) -> SpeechState:
         modalities = payload.params.get("modalities") or ["text", "audio"]
-        return SpeechState("audio" in modalities, ClauseSplitter(self._min_chars, self._max_chars))
+        return SpeechState("audio" in modalities, ClauseSplitter(self._min_chars, self._max_chars,
+                                                                    self._first_words))
 
     def feed(self, slot: ARSlot, payload: StagePayload) -> None:
         state: SpeechState = slot.state
