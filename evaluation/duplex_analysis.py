@@ -46,6 +46,9 @@ class Probe:
     controls: dict[str, list[tuple[float, str]]] = field(default_factory=_lists)
     submits: dict[str, float] = field(default_factory=dict)
     first_audio: dict[str, tuple[float, str]] = field(default_factory=dict)
+    transcripts: dict[str, tuple[float, str]] = field(default_factory=dict)
+    first_text: dict[str, float] = field(default_factory=dict)
+    request_of_item: dict[str, str] = field(default_factory=dict)
     enqueues: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -66,6 +69,12 @@ class Probe:
                     probe.submits[r["req"]] = r["t"]
                 case "first_audio":
                     probe.first_audio[r["req"]] = (r["t"], r["stage"])
+                case "transcript":
+                    probe.transcripts[r["req"]] = (r["t"], r["text"])
+                case "response":
+                    probe.request_of_item[r["item"]] = r["req"]
+                case "first_text":
+                    probe.first_text[r["req"]] = r["t"]
                 case "enqueue":
                     probe.enqueues.append(r)
         return probe

@@ -100,11 +100,12 @@ def write_bench_preset(args: argparse.Namespace, name: str, options: list[str],
 
 
 @contextmanager
-def probed_server(preset: Path, name: str) -> Iterator[tuple[ServerProcess, Path]]:
-    """``duplex.serve`` under the probe, stopped with SIGINT as a user would; and the probe file."""
+def probed_server(preset: Path, name: str, bench: str = NAME) -> Iterator[tuple[ServerProcess, Path]]:
+    """``duplex.serve`` under the probe, stopped with SIGINT as a user would; and the probe file
+    (both files named after the benchmark ``bench`` and the server ``name``)."""
     port = free_port()
-    log_path = RESULTS_DIR / f"{NAME}_{name}_server.log"
-    probe_path = RESULTS_DIR / f"{NAME}_{name}_probe.jsonl"
+    log_path = RESULTS_DIR / f"{bench}_{name}_server.log"
+    probe_path = RESULTS_DIR / f"{bench}_{name}_probe.jsonl"
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -10,8 +10,12 @@ cost is a few microseconds per call. Records (``k``):
   its end-of-turn decision), with the call id; ``peer`` maps the call to its outbound track once;
 - ``submit`` / ``first_audio``: ``Coordinator.stream`` started (the request is submitted at its
   first step) and yielded its first chunk carrying audio (to the session), with the request id;
+- ``transcript`` / ``first_text``: the request's first chunk carrying the recognised words of the
+  user (with them) and its first chunk of answer text;
 - ``enqueue``: ``OutboundAudioTrack.enqueue`` of an item's first samples, with the request whose
   response task queued them (how a request is tied to a call);
+- ``response``: a ``Response`` was made, with its item and request ids (what ties an adopted
+  speculative request, streamed by another task, to the item the call plays);
 - ``pause`` / ``resume`` / ``flush``: the track's playout controls (a barge-in);
 - ``frame``: every frame ``OutboundAudioTrack.recv`` hands to the encoder, audible or silent.
 
@@ -33,6 +37,7 @@ import numpy as np
 
 from duplex import serve
 from duplex.media.paced_track import OutboundAudioTrack
+from duplex.session.response import Response
 from duplex.transports.webrtc.peer import CallPeer
 from pipeline.coordinator import Coordinator
 from pipeline.proto import OmniRequest, OutputChunk
@@ -59,6 +64,17 @@ class Probe:
         self._wrap_send_event()
         self._wrap_stream()
         self._wrap_track()
+        self._wrap_response()
+
+    def _wrap_response(self) -> None:
+        original = Response.__init__
+
+        @functools.wraps(original)
+        def init(response: Response, *args: Any, **kwargs: Any) -> None:
+            original(response, *args, **kwargs)
+            self.record("response", item=response.item.id, req=response.request_id)
+
+        Response.__init__ = init  # type: ignore[method-assign]
 
     def _wrap_send_event(self) -> None:
         original = CallPeer.send_event
@@ -88,18 +104,31 @@ class Probe:
             if task is not None:
                 probe._request_of[id(task)] = request.request_id
             probe.record("submit", req=request.request_id)
-            first = True
+            seen: set[str] = set()
             try:
                 async for chunk in original(coordinator, request):
-                    if first and chunk.data.get("audio") is not None and len(chunk.data["audio"]):
-                        first = False
-                        probe.record("first_audio", req=request.request_id, stage=chunk.stage)
+                    probe._firsts(request.request_id, chunk, seen)
                     yield chunk
             finally:
                 if task is not None:
                     probe._request_of.pop(id(task), None)
 
         Coordinator.stream = stream  # type: ignore[method-assign]
+
+    def _firsts(self, request_id: str, chunk: OutputChunk, seen: set[str]) -> None:
+        """The request's first transcript, text and audio chunks (``seen``: those recorded)."""
+        data = chunk.data
+        transcript = data.get("input_transcript")
+        if transcript is not None and "transcript" not in seen:
+            seen.add("transcript")
+            self.record("transcript", req=request_id, text=str(transcript))
+        if data.get("text") and "first_text" not in seen:
+            seen.add("first_text")
+            self.record("first_text", req=request_id)
+        audio = data.get("audio")
+        if audio is not None and len(audio) and "first_audio" not in seen:
+            seen.add("first_audio")
+            self.record("first_audio", req=request_id, stage=chunk.stage)
 
     def _wrap_track(self) -> None:
         enqueue, recv = OutboundAudioTrack.enqueue, OutboundAudioTrack.recv

@@ -22,13 +22,15 @@ _DIR = Path(tempfile.mkdtemp(prefix="duplex-speech-"))
 
 @functools.cache
 def speech_wav(
-    text: str, rate: int = 48000, pad_before_s: float = 0.5, pad_after_s: float = 1.0
+    text: str, rate: int = 48000, pad_before_s: float = 0.5, pad_after_s: float = 1.0,
+    voice: str = "en-us", wpm: int = 150,
 ) -> Path:
-    """espeak-ng speech of ``text`` as a 16-bit mono WAV at ``rate``, padded with silence."""
-    key = hashlib.sha1(f"{text}|{rate}|{pad_before_s}|{pad_after_s}".encode()).hexdigest()[:12]
+    """espeak-ng speech of ``text`` (``voice`` at ``wpm`` words a minute) as a 16-bit mono WAV
+    at ``rate``, padded with silence."""
+    key = hashlib.sha1(f"{text}|{rate}|{pad_before_s}|{pad_after_s}|{voice}|{wpm}".encode()).hexdigest()[:12]
     raw = _DIR / f"{key}.raw.wav"
     out = _DIR / f"{key}.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), text], check=True)
+    subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text], check=True)
     subprocess.run(
         ["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", "-e", "signed-integer",
          str(out), "pad", str(pad_before_s), str(pad_after_s)],
@@ -45,9 +47,10 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         return np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0, w.getframerate()
 
 
-def speech(text: str, rate: int = 16000, pad_before_s: float = 0.5, pad_after_s: float = 1.0) -> np.ndarray:
-    """espeak-ng speech of ``text`` as float32 samples at ``rate``."""
-    samples, got = read_wav(speech_wav(text, rate, pad_before_s, pad_after_s))
+def speech(text: str, rate: int = 16000, pad_before_s: float = 0.5, pad_after_s: float = 1.0,
+           voice: str = "en-us", wpm: int = 150) -> np.ndarray:
+    """espeak-ng speech of ``text`` as float32 samples at ``rate`` (see :func:`speech_wav`)."""
+    samples, got = read_wav(speech_wav(text, rate, pad_before_s, pad_after_s, voice, wpm))
     assert got == rate
     return samples
 
@@ -85,7 +88,8 @@ def natural_speech(text: str, rate: int = 16000, pad_before_s: float = 0.5,
 
 @functools.cache
 def speech_with_pauses(pieces: tuple[str, ...], pauses_ms: tuple[int, ...], rate: int = 16000,
-                       pad_before_s: float = 0.5, pad_after_s: float = 1.0) -> np.ndarray:
+                       pad_before_s: float = 0.5, pad_after_s: float = 1.0,
+                       voice: str = "en-us", wpm: int = 150) -> np.ndarray:
     """One espeak-ng utterance of ``pieces`` with a pause of ``pauses_ms[i]`` after piece ``i``.
 
     Spoken as one SSML sentence with ``<break>``s, not as pieces spoken apart: espeak gives a piece
@@ -93,9 +97,9 @@ def speech_with_pauses(pieces: tuple[str, ...], pauses_ms: tuple[int, ...], rate
     """
     breaks = [f' <break time="{ms}ms"/> ' for ms in pauses_ms] + [""]
     ssml = "<speak>" + "".join(p + b for p, b in zip(pieces, breaks, strict=True)) + "</speak>"
-    key = hashlib.sha1(f"{ssml}|{rate}|{pad_before_s}|{pad_after_s}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{ssml}|{rate}|{pad_before_s}|{pad_after_s}|{voice}|{wpm}".encode()).hexdigest()[:12]
     raw, out = _DIR / f"{key}.raw.wav", _DIR / f"{key}.wav"
-    subprocess.run(["espeak-ng", "-m", "-v", "en-us", "-s", "150", "-w", str(raw), ssml], check=True)
+    subprocess.run(["espeak-ng", "-m", "-v", voice, "-s", str(wpm), "-w", str(raw), ssml], check=True)
     subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", "-e", "signed-integer",
                     str(out), "pad", str(pad_before_s), str(pad_after_s)], check=True)
     samples, got = read_wav(out)
