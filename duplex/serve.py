@@ -132,13 +132,17 @@ def main(argv: list[str] | None = None) -> None:
         preset = load_preset(argv)
         settings = preset.settings
         policy = IcePolicy(tuple(parse_ice_server(u) for u in settings.ice_server), tuple(settings.ice_host))
+        if settings.record_dir is not None:  # refused now rather than at the first call
+            Path(settings.record_dir).mkdir(parents=True, exist_ok=True)
         app = create_app(preset, policy)
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, ValueError, OSError) as err:
         print(f"duplex: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     hide_secrets(settings.api_key, settings.twilio_auth_token,
                  *(server.credential for server in policy.servers))
     log.info("preset %s: %s", settings.preset, preset.description or "(no description)")
+    if settings.record_dir is not None:
+        log.info("recording every call to %s", settings.record_dir)
     uvicorn.run(
         app,
         host=settings.host,

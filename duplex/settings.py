@@ -57,6 +57,19 @@ class SessionDefaults(BaseModel):
     # Client voice names (OpenAI's) → the preset's voices; the preset file's top-level
     # ``voice_map`` (see ServerSettings), every OpenAI voice it leaves out speaking as its first voice.
     voice_map: dict[str, str] = Field(default_factory=dict)
+    # Operators' call limits (duplex/session/idle.py). The caller silent for
+    # turn_detection.idle_timeout_ms after the agent's audio: with check_ins > 0 the agent asks
+    # check_in_text, and after check_ins check-ins without an answer says idle_goodbye_text and
+    # hangs up (0: every timeout just answers, as OpenAI's idle_timeout_ms does).
+    check_ins: int = Field(default=0, ge=0, le=10)
+    check_in_text: str = Field(default="Are you still there?", min_length=1, max_length=500)
+    idle_goodbye_text: str = Field(default="I haven't heard from you, so I'll hang up now. Goodbye.",
+                                   min_length=1, max_length=500)
+    # A call longer than this (seconds since it began) hears closing_text and is hung up; None: no
+    # limit. A call's own limit (Session.idle.limit_call) may only shorten it.
+    max_call_s: float | None = Field(default=None, gt=0)
+    closing_text: str = Field(default="We have reached the time limit for this call. Thank you, goodbye.",
+                              min_length=1, max_length=500)
 
     def session_config(self) -> SessionConfig:
         """A new session's settings, before any ``session.update``."""
@@ -95,6 +108,9 @@ class ServerSettings(BaseModel):
     sip_advertise: str | None = Field(default=None, description="address in SIP Contact and SDP")
     rtp_ports: str = Field(default="40000-40999", pattern=r"^\d{1,5}-\d{1,5}$")
     max_sessions: int = Field(default=8, ge=1)
+    # One stereo WAV and one JSON-lines log per call in this folder (duplex/media/recording.py);
+    # None: nothing is recorded.
+    record_dir: str | None = None
     pipeline_mode: Literal["process", "inproc"] = "process"
     voices: list[str] = Field(default_factory=lambda: ["default"])
     session: SessionDefaults = Field(default_factory=SessionDefaults)
@@ -143,6 +159,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "sip_advertise": {},
     "rtp_ports": {},
     "max_sessions": {"type": int},
+    "record_dir": {},
     "pipeline_mode": {"choices": ["process", "inproc"]},
 }
 

@@ -45,6 +45,8 @@ class FrameQueue:
         self.rate = rate
         self.frame_samples = frame_samples
         self.on_playout = on_playout
+        # Called with each frame of audio handed to the sender, as it is (a call's recording).
+        self.on_frame: Callable[[np.ndarray], None] | None = None
         self._queue: deque[tuple[str, np.ndarray]] = deque()  # (item_id, unsent samples)
         self._queued = 0  # samples in the queue
         self._sent: dict[str, int] = {}  # item_id -> samples handed to the sender
@@ -107,6 +109,7 @@ class FrameQueue:
         self.flush()
         self._sent.clear()
         self._closed = True
+        self.on_frame = None
 
     def next_frame(self) -> np.ndarray | None:
         """The next ``frame_samples`` to send, zero-padded; None when paused or nothing is queued."""
@@ -134,6 +137,8 @@ class FrameQueue:
         self._underrun(filled)
         if not self._queue:
             self._emit(TrackEvent("drained", self._current))
+        if self.on_frame is not None:
+            self.on_frame(samples)
         return samples
 
     def _underrun(self, filled: int) -> None:

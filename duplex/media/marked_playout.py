@@ -15,13 +15,14 @@ and not yet acknowledged, dropped as marks come back, when the item ends and at 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 
 from duplex.media.pcm import float_to_pcm16
-from duplex.media.playout import PlayoutListener
+from duplex.media.playout import AudioTap, PlayoutListener
 from duplex.media.resample import Resampler
 
 
@@ -35,6 +36,7 @@ class MarkedPlayout:
                  send_mark: Callable[[str], None], send_clear: Callable[[], None]) -> None:
         self.rate = rate
         self.listener: PlayoutListener | None = None
+        self.tap: AudioTap | None = None
         self._send_media = send_media
         self._send_mark = send_mark
         self._send_clear = send_clear
@@ -80,7 +82,9 @@ class MarkedPlayout:
             return
         self._heard = max(self._heard, int(end))
         while self._unplayed and self._unplayed[0][0] <= self._heard:
-            self._unplayed.popleft()
+            _, chunk = self._unplayed.popleft()
+            if self.tap is not None:  # its mark came back: it has just been played
+                self.tap.agent_played(chunk, self.rate, time.monotonic(), ended=True)
         if not self._started:
             self._started = True
             if self.listener is not None:
@@ -134,6 +138,7 @@ class MarkedPlayout:
     def close(self) -> None:
         self.finish(False)
         self.listener = None
+        self.tap = None
         self._resampler = None
         # The three senders are the connection's, which owns this playout: let go of them.
         self._send_media = self._send_mark = self._send_clear = _closed

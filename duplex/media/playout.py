@@ -19,6 +19,7 @@ counters are dropped by ``finish``; ``close`` (the session closed) drops the res
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,11 +40,25 @@ class PlayoutListener(Protocol):
         """The first samples of ``item_id`` reached the user (paced) or were sent (client)."""
 
 
+class AudioTap(Protocol):
+    """Where the agent's audio goes as the caller hears it (a call's recording): on the event
+    loop, monotonic times; must not block."""
+
+    def agent_played(self, samples: np.ndarray, rate: int, at: float, ended: bool = False) -> None:
+        """``samples`` were played: from ``at`` on (or, ``ended``, up to ``at``)."""
+
+    def agent_sent(self, samples: np.ndarray, rate: int, at: float) -> None:
+        """``samples`` were sent at ``at`` to a client that plays them after what it has."""
+
+
 class AgentAudio(Protocol):
     paces_playout: bool
     """True when the server plays the audio out in real time and knows what was heard."""
 
     listener: PlayoutListener | None
+
+    tap: AudioTap | None
+    """Told what the caller heard (None: nobody records)."""
 
     def begin(self, response_id: str, item_id: str, output_format: str) -> None:
         """A response's audio item starts; ``output_format`` is the session's wire format."""
@@ -102,7 +117,9 @@ class PacedPlayout:
         self._item: _Item | None = None
         self._last_response: str | None = None  # the response whose audio went out last
         self._played = asyncio.Event()  # set when the queue ran dry or was cleared
+        self.tap: AudioTap | None = None
         track.on_playout = self._on_track
+        track.on_frame = self._on_frame
 
     def _send(self, kind: str) -> None:
         # The GA events name a response; a clear with nothing ever played has none to name.
@@ -169,6 +186,13 @@ class PacedPlayout:
         self._resampler = None
         # The track may outlive the call (aiortc's sender holds it): it must not hold this.
         self.track.on_playout = None
+        self.track.on_frame = None
+        self.tap = None
+
+    def _on_frame(self, samples: np.ndarray) -> None:
+        """A frame went to the sender: the caller hears it now."""
+        if self.tap is not None:
+            self.tap.agent_played(samples, self.track.rate, time.monotonic())
 
     def _on_track(self, track_event: TrackEvent) -> None:
         item = self._item
@@ -188,6 +212,7 @@ class ClientPlayout:
 
     def __init__(self) -> None:
         self.listener: PlayoutListener | None = None
+        self.tap: AudioTap | None = None
         self._format = "audio/pcm"
         self._item: _Item | None = None
         self._encoder: OutboundEncoder | None = None
@@ -214,6 +239,8 @@ class ClientPlayout:
         self._sent_ms = item.samples * 1000 // sample_rate
         delta, _ = encoder.encode(samples)
         self._send("response.output_audio.delta", delta=delta)
+        if self.tap is not None:
+            self.tap.agent_sent(samples, sample_rate, time.monotonic())
         if not item.started:
             item.started = True
             if self.listener is not None:
@@ -247,3 +274,4 @@ class ClientPlayout:
     def close(self) -> None:
         self.finish(False)
         self.listener = None
+        self.tap = None

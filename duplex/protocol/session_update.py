@@ -29,9 +29,9 @@ TURN_DETECTION = "session.audio.input.turn_detection"
 NOISE_REDUCTION = ("near_field", "far_field")
 SPEED_RANGE = (0.25, 1.5)
 INCLUDE = ("item.input_audio_transcription.logprobs",)
-# Keys of server_vad / semantic_vad objects the detector has no use for (OpenAI's idle timeout):
-# accepted so that clients sending them are not refused.
-IGNORED_TURN_KEYS = {"idle_timeout_ms"}
+# Keys of server_vad / semantic_vad objects the detector has no use for: accepted so that clients
+# sending them are not refused. (None now: idle_timeout_ms is served, duplex/session/idle.py.)
+IGNORED_TURN_KEYS: set[str] = set()
 
 
 def turn_detection(raw: Any, current: TurnDetection | None,
@@ -238,7 +238,9 @@ def turn_detection_object(td: TurnDetection | None) -> dict[str, Any] | None:
     fields = {"type": "server_vad", **asdict(td)}
     semantic = ("type", "eagerness", "create_response", "interrupt_response")
     if fields["type"] == "semantic_vad":
-        return {k: v for k, v in fields.items() if k in semantic}
+        # OpenAI's semantic_vad has no idle timeout; ours does, and says so only where it is set.
+        extra = ("idle_timeout_ms",) if td.idle_timeout_ms is not None else ()
+        return {k: v for k, v in fields.items() if k in semantic + extra}
     return {k: v for k, v in fields.items() if k != "eagerness"}
 
 

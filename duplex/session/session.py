@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from duplex.media.playout import AgentAudio
+from duplex.media.recording import CallRecording
 from duplex.protocol.events import RealtimeError, event, new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.protocol.session_update import session_object
@@ -45,6 +46,7 @@ from duplex.session.arrivals import Arrivals
 from duplex.session.config import SessionConfig
 from duplex.session.conversation import Conversation
 from duplex.session.history import History, Item
+from duplex.session.idle import Idle
 from duplex.session.input_buffer import InputBuffer
 from duplex.session.interruptions import Interruptions
 from duplex.session.live_transcript import LiveTranscript
@@ -114,6 +116,8 @@ class Session:
 
     @property
     def _max_turn_ms(self) -> int:
+        self.idle = Idle(self, defaults)  # idle timeout, check-ins, longest call
+        self.recording: CallRecording | None = None  # the binding's, with --record-dir
         return int(self.defaults.max_input_audio_s * 1000)
 
     @property
@@ -144,6 +148,7 @@ class Session:
             await self.cancel_response("session_closed")
         for beside in list(self._beside):
             await beside.cancel("session_closed")
+        self.idle.close()
         self._detector.reset()
         self._judge.forget()
         await self._speculator.close()
@@ -193,6 +198,8 @@ class Session:
         # One VAD window at a time: an interruption is confirmed (or dismissed) at the window where
         # it happens, even when a client sends a whole utterance in one chunk.
         for start in range(0, len(samples), WINDOW):
+        if self.recording is not None:
+            self.recording.caller(samples, received_at)
             self._detector.threshold_override = self._echo_guard()
             for turn_event in self._detector.process(samples[start : start + WINDOW]):
                 if isinstance(turn_event, SpeechStarted):
@@ -217,6 +224,7 @@ class Session:
         td = self.config.turn_detection
         if td is None or td.type != "semantic_vad" or isinstance(self.barge_in, PendingInterruption):
             return False
+            self.idle.step(self._detector.position_ms, self._detector.in_speech)
         return self._judge.should_end(self._detector, td.eagerness)
 
     def _may_speculate(self) -> bool:
@@ -408,6 +416,7 @@ class Session:
             self._interruptions.response_done(self)
 
     # --- PlayoutListener ------------------------------------------------------------------
+            self.idle.response_done(response)
 
     def on_playout_started(self, item_id: str) -> None:
         resp = self._response

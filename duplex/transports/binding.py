@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from duplex.media.recording import CallRecording
 from duplex.protocol.events import error_event
 from duplex.rate_limit import TokenBucket
 from duplex.registry import SessionRegistry, SessionSlot
@@ -48,15 +49,17 @@ MAX_RATE_ERRORS = 20
 @dataclass(frozen=True)
 class Closing:
     """Why the server ends a connection, for its transport to say in its own way: a WebSocket
-    closes with 1008 (policy violation) where the client broke a rule, 1001 (going away) otherwise;
-    a phone call hangs up either way."""
+    closes with 1008 (policy violation) where the client broke a rule, 1000 (normal closure) where
+    the agent ended the call (``hung_up``: idle, longest call), 1001 (going away) otherwise; a
+    phone call hangs up either way."""
 
     reason: str
     clients_fault: bool = False
+    hung_up: bool = False
 
     @property
     def websocket_code(self) -> int:
-        return 1008 if self.clients_fault else 1001
+        return 1008 if self.clients_fault else 1000 if self.hung_up else 1001
 
 
 FLOODING = Closing("client event rate limit exceeded", clients_fault=True)
@@ -74,8 +77,11 @@ class SessionBinding:
     def __init__(self, session: Session, registry: SessionRegistry,
                  close_transport: Callable[[Closing], Awaitable[None]],
                  inbound_timeout_s: float | None = None,
-                 shared_budget: TokenBucket | None = None) -> None:
+                 shared_budget: TokenBucket | None = None,
+                 record_dir: str | None = None) -> None:
         self.session = session
+        self._record_dir = record_dir
+        self.recording: CallRecording | None = None  # from start to end, with record_dir
         self.events = ClientEvents(session)
         self._registry = registry
         self._close_transport = close_transport
@@ -104,7 +110,10 @@ class SessionBinding:
 
     def start(self) -> None:
         """Start the session (``session.created``) and the event handler (after ``admit``)."""
+        if self._record_dir is not None:
+            self._record()
         self.session.start()
+        self.session.idle.start(self._hang_up)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._handle_queued()))
         if self._timeout_s is not None:
@@ -119,6 +128,25 @@ class SessionBinding:
         except TimeoutError:
             if connection is not None:
                 connection.cancel()
+
+    def _record(self) -> None:
+        """Record the call: the caller's audio (the session's one inbound path), the agent's as its
+        AgentAudio says it was heard, and every event both ways (module doc of recording)."""
+        session = self.session
+        try:
+            recording = CallRecording(self._record_dir, self.id, session.transport.kind)
+        except OSError as err:
+            self.log.warning("the call cannot be recorded: %s", err)
+            return
+        self.recording = session.recording = session.audio.tap = recording
+        session.transport = _RecordedTransport(session.transport, recording)
+
+    def _hang_up(self, reason: str) -> None:
+        """The agent ends the call (duplex/session/idle.py): the transport's own hang-up."""
+        if self._closing is None:
+            self.log.info("the agent ends the call: %s", reason)
+            self._closing = asyncio.get_running_loop().create_task(
+                self._close_transport(Closing(reason, hung_up=True)))
 
     async def close(self, reason: str = "closed by the server") -> None:
         """End the connection from the server side and wait until everything is released."""
@@ -191,6 +219,8 @@ class SessionBinding:
         only after the loop ran other work: a client's backlog of events (they wait in a queue that
         answers at once while it holds any) is never handled as one long callback, even where each
         handler completes without awaiting."""
+        if self.recording is not None:
+            self.recording.client_event(message)
         try:
             self._count_malformed(not await self.events.handle(message))
         except Exception:  # one bad event must not end the session or the server
@@ -235,9 +265,25 @@ class SessionBinding:
         try:
             await self.session.close()
         finally:
+            if self.recording is not None:
+                self.recording.close(reason)
+                self.recording = None
             self._registry.release(self.id)
             self.ended.set()
             self.log.info("session ended (%s)", reason)
+
+
+class _RecordedTransport:
+    """A session's transport whose server events a recording sees first."""
+
+    def __init__(self, inner: Any, recording: CallRecording) -> None:
+        self.kind = inner.kind
+        self._inner = inner
+        self._recording = recording
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        self._recording.server_event(event)
+        self._inner.send_event(event)
 
 
 async def _already_closed(closing: Closing) -> None:

@@ -126,7 +126,8 @@ class TwilioConnection:
         self.playout = MarkedPlayout(TWILIO_RATE, self._media, self._mark, self._clear)
         self.session = Session(self.id, self, self.playout, pipeline, settings.session,
                                settings.voices, model_name)
-        self.binding = SessionBinding(self.session, registry, self._close)
+        self.binding = SessionBinding(self.session, registry, self._close,
+                                      record_dir=settings.record_dir)
         self._inbound = Resampler(TWILIO_RATE, SESSION_RATE)
         self._task: asyncio.Task[Any] | None = None
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})

@@ -56,7 +56,7 @@ class WebSocketConnection:
                                settings.voices, model_name)
         # client_budget: the client address's events over all its connections (AppState).
         self.binding = SessionBinding(self.session, registry, self._close,
-                                      shared_budget=client_budget)
+                                      shared_budget=client_budget, record_dir=settings.record_dir)
         self._task: asyncio.Task[Any] | None = None
         self._deaf = False  # the client stopped reading: the connection is being ended
         self.closing: Closing | None = None  # why the server ended the connection, if it did

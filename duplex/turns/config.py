@@ -19,6 +19,8 @@ TYPES = ("server_vad", "semantic_vad")
 THRESHOLD_RANGE = (0.01, 0.99)
 PREFIX_PADDING_MS_RANGE = (0, 5_000)
 SILENCE_DURATION_MS_RANGE = (100, 10_000)
+# OpenAI's bounds for idle_timeout_ms: shorter would cut into a caller's ordinary pause to think.
+IDLE_TIMEOUT_MS_RANGE = (5_000, 30_000)
 
 
 class TurnDetectionError(ValueError):
@@ -34,7 +36,9 @@ class TurnDetection:
     """``type`` server_vad: a turn ends after ``silence_duration_ms`` of silence; semantic_vad: when
     the end-of-turn model and the pause say the user has finished (``eagerness``), within a
     maximum wait. Both: speech probability threshold, audio kept before the onset, and whether the
-    end of a turn answers / speech over the agent interrupts it."""
+    end of a turn answers / speech over the agent interrupts it. ``idle_timeout_ms`` (None: off):
+    the caller silent that long after the agent's audio ended triggers a response
+    (``duplex.session.idle``); OpenAI's wire format has it in server_vad only."""
 
     type: str = "server_vad"
     eagerness: str = "auto"
@@ -43,6 +47,7 @@ class TurnDetection:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.type not in TYPES:
@@ -60,6 +65,13 @@ class TurnDetection:
                 raise TurnDetectionError(name, f"{name} must be {'a number' if kind is float else 'an integer'}")
             if not low <= value <= high:
                 raise TurnDetectionError(name, f"{name} must be between {low} and {high}")
+        idle = self.idle_timeout_ms
+        if idle is not None:
+            low, high = IDLE_TIMEOUT_MS_RANGE
+            if isinstance(idle, bool) or not isinstance(idle, int):
+                raise TurnDetectionError("idle_timeout_ms", "idle_timeout_ms must be an integer or null")
+            if not low <= idle <= high:
+                raise TurnDetectionError("idle_timeout_ms", f"idle_timeout_ms must be between {low} and {high}")
         for name in ("create_response", "interrupt_response"):
             if not isinstance(getattr(self, name), bool):
                 raise TurnDetectionError(name, f"{name} must be true or false")

@@ -68,7 +68,8 @@ class SipSessionCall:
         self.session = Session(self.id, self, PacedPlayout(self.queue), pipeline, settings.session,
                                settings.voices, model_name)
         # The stack ends a call without RTP itself (and knows about hold): no timeout here.
-        self.binding = SessionBinding(self.session, registry, self._hang_up)
+        self.binding = SessionBinding(self.session, registry, self._hang_up,
+                                      record_dir=settings.record_dir)
         self._inbound = Resampler(SAMPLE_RATE, SESSION_RATE)
         self._received = 0  # inbound samples at 8 kHz
         self._heard_until: float | None = None  # monotonic time the inbound audio reaches

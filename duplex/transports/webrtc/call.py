@@ -35,7 +35,8 @@ class WebRTCCall:
         self.session = Session(self.id, self, PacedPlayout(self.peer.outbound), pipeline,
                                settings.session, settings.voices, model_name)
         self.binding = SessionBinding(self.session, registry, self._close_peer,
-                                      settings.session.inbound_media_timeout_s)
+                                      settings.session.inbound_media_timeout_s,
+                                      record_dir=settings.record_dir)
         self._ending: asyncio.Task[None] | None = None
 
     async def start(self, offer_sdp: str) -> str:

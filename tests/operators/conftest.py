@@ -1,0 +1,61 @@
+"""Fixtures of the operators' tests (idle and length limits, recordings)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.config import parse_pipeline_config
+from pipeline.coordinator import Coordinator
+from pipeline.proto import OmniRequest, OutputChunk
+from pipeline.runner import start_pipeline
+from harness.server import ROOT
+
+ANSWER_TOKENS = 12  # the toy's words an answer: 12 x 3 frames of 80 ms = 2.88 s of audio
+
+
+def toy_pipeline(answer_tokens: int = ANSWER_TOKENS) -> dict[str, Any]:
+    """configs/toy.yaml's pipeline, its answers ``answer_tokens`` words long."""
+    pipeline = yaml.safe_load((ROOT / "configs" / "toy.yaml").read_text())["pipeline"]
+    for stage in pipeline["stages"]:
+        if stage["name"] == "thinker":
+            stage["options"] = {**stage.get("options", {}), "answer_tokens": answer_tokens}
+    return pipeline
+
+
+class SpyPipeline:
+    """A Coordinator that keeps every request it was asked (to read their instructions)."""
+
+    def __init__(self, inner: Coordinator) -> None:
+        self.inner = inner
+        self.requests: list[OmniRequest] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+        self.requests.append(request)
+        return self.inner.stream(request)
+
+    def instructions(self) -> list[str]:
+        """Each request's system text, in order."""
+        return [" ".join(m["text"] or "" for m in r.inputs["messages"] if m["role"] == "system")
+                for r in self.requests]
+
+
+@pytest.fixture(scope="module")
+async def make_pipeline() -> AsyncIterator[Callable[[int], Any]]:
+    """``await make_pipeline(answer_tokens)``: an in-process toy pipeline, closed with the module."""
+    started: list[Coordinator] = []
+
+    async def make(answer_tokens: int = ANSWER_TOKENS) -> SpyPipeline:
+        coordinator = await start_pipeline(parse_pipeline_config(toy_pipeline(answer_tokens)), mode="inproc")
+        started.append(coordinator)
+        return SpyPipeline(coordinator)
+
+    yield make
+    for coordinator in started:
+        await coordinator.close()
