@@ -71,6 +71,11 @@ class SessionDefaults(BaseModel):
     closing_text: str = Field(default="We have reached the time limit for this call. Thank you, goodbye.",
                               min_length=1, max_length=500)
 
+    # The MCP servers a session's tools may name (duplex/tools/mcp_spec.py ``allowed``): URLs whose
+    # scheme, host and port a server's must match and whose path it must be under, or "*" (any).
+    # None by default: a client could otherwise make the server reach any address it can.
+    mcp_servers: tuple[str, ...] = ()
+
     def session_config(self) -> SessionConfig:
         """A new session's settings, before any ``session.update``."""
         return SessionConfig(instructions=self.instructions, voice=self.voice,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from duplex.protocol.events import RealtimeError
+from duplex.tools.mcp_spec import check_servers, mcp_tool
 
 MODALITY_SETS = ({"audio"}, {"text"}, {"text", "audio"})
 MAX_OUTPUT_TOKENS = 4096
@@ -53,7 +54,8 @@ def max_output_tokens(raw: Any, param: str) -> int | None:
 
 
 def tools(raw: Any, param: str) -> tuple[dict[str, Any], ...]:
-    """Function tools: ``{type: "function", name, description?, parameters?}``."""
+    """Function tools: ``{type: "function", name, description?, parameters?}``, the client's to run;
+    MCP tools: ``{type: "mcp", server_label, server_url, ...}``, the server's (``duplex.tools``)."""
     if raw is None:
         return ()
     expect(raw, list, param)
@@ -61,8 +63,11 @@ def tools(raw: Any, param: str) -> tuple[dict[str, Any], ...]:
     for i, tool in enumerate(raw):
         where = f"{param}[{i}]"
         expect(tool, dict, where)
+        if tool.get("type") == "mcp":
+            out.append(mcp_tool(tool, where))
+            continue
         if tool.get("type", "function") != "function":
-            raise RealtimeError(f"tool type {tool.get('type')!r} is not supported (function tools are)",
+            raise RealtimeError(f"tool type {tool.get('type')!r} is not supported (function and mcp tools are)",
                                 code="unsupported_tool", param=f"{where}.type")
         expect(tool.get("name"), str, f"{where}.name")
         if tool.get("description") is not None:
@@ -70,19 +75,24 @@ def tools(raw: Any, param: str) -> tuple[dict[str, Any], ...]:
         if tool.get("parameters") is not None:
             expect(tool["parameters"], dict, f"{where}.parameters")
         out.append({"type": "function", **tool})
+    check_servers(out, param)
     return tuple(out)
 
 
 def tool_choice(raw: Any, param: str) -> str | dict[str, Any]:
-    """``auto`` | ``none`` | ``required`` | ``{type: "function", name}``."""
+    """``auto`` | ``none`` | ``required`` | ``{type: "function", name}`` | ``{type: "mcp",
+    server_label, name}`` (a tool of that MCP server)."""
     if raw is None:
         return "auto"
     if raw in TOOL_CHOICES:
         return str(raw)
     if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
         return {"type": "function", "name": raw["name"]}
-    raise RealtimeError(f"tool_choice must be one of {list(TOOL_CHOICES)} or "
-                        "{type: 'function', name}", param=param)
+    if isinstance(raw, dict) and raw.get("type") == "mcp" and isinstance(raw.get("server_label"), str) \
+            and isinstance(raw.get("name"), str):
+        return {"type": "mcp", "server_label": raw["server_label"], "name": raw["name"]}
+    raise RealtimeError(f"tool_choice must be one of {list(TOOL_CHOICES)}, {{type: 'function', name}} "
+                        "or {type: 'mcp', server_label, name}", param=param)
 
 
 def metadata(raw: Any, param: str) -> dict[str, str] | None:

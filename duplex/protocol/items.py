@@ -1,4 +1,5 @@
-"""A history item as the Realtime protocol shows it (``conversation.item.*`` events, retrieve)."""
+"""A history item as the Realtime protocol shows it (``conversation.item.*`` events, retrieve);
+MCP items show themselves (``duplex.tools.mcp_items``)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from duplex.protocol.events import (
     message_item,
 )
 from duplex.session.history import Item
+from duplex.tools.mcp_items import McpItem
 
 
 def wire_item(item: Item) -> dict[str, Any]:
     """A completed item (an answer cut short is ``incomplete``)."""
+    if isinstance(item.call, McpItem):  # type: ignore[misc, arg-type]
+        return item.call.wire(item.id)
     if item.call is not None:
         call = item.call
         if call.output is not None:

@@ -21,6 +21,7 @@ from duplex.protocol.fields import (
     tools,
 )
 from duplex.session.config import SessionConfig
+from duplex.tools.mcp_spec import public_tool
 from duplex.turns import end_of_turn
 from duplex.turns.config import TurnDetection, TurnDetectionError
 
@@ -253,7 +254,7 @@ def session_object(session_id: str, config: SessionConfig, model: str) -> dict[s
         "instructions": config.instructions,
         "output_modalities": list(config.output_modalities),
         "max_output_tokens": "inf" if config.max_output_tokens is None else config.max_output_tokens,
-        "tools": list(config.tools),
+        "tools": [public_tool(t) for t in config.tools],  # MCP headers are never echoed
         "tool_choice": config.tool_choice,
         "tracing": config.tracing,
         "truncation": config.truncation,

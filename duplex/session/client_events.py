@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,8 @@ from duplex.protocol.wire_audio import AudioFormatError, InboundDecoder, wire_se
 from duplex.rate_limit import TokenBucket
 from duplex.session.history import FunctionCall, Item
 from duplex.session.session import Session
+from duplex.tools.mcp_items import McpApprovalRequest, McpApprovalResponse, McpCall
+from duplex.tools.mcp_spec import only_allowed
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
 
 MAX_TEXT_CHARS = 100_000
@@ -134,6 +137,8 @@ class ClientEvents:
         session = self.session
         voices = [*session.voices, *session.defaults.voice_map]
         config, errors = apply_session_update(session.config, _field(message, "session", dict), voices)
+        tools, refused = only_allowed(config.tools, session.defaults.mcp_servers, "session.tools")
+        config, errors = replace(config, tools=tools), errors + refused
         session.reconfigure(config)
         for err in errors:
             session.log.info("session.update: %s refused: %s", err.param, err.message)
@@ -167,13 +172,55 @@ class ClientEvents:
         self.session.send(event("input_audio_buffer.cleared"))
 
     async def _item_create(self, message: dict[str, Any]) -> None:
-        item, audio = self._item(_field(message, "item", dict), "item")
+        raw = _field(message, "item", dict)
+        if raw.get("type") == "mcp_approval_response":
+            self._approval(raw)
+            return
+        item, audio = self._item(raw, "item")
         seconds = self._seconds(audio)
         self._check_caps(seconds)
         self._item_budget.take(seconds, "item.content")
         await self._decode_into(item, audio, seconds)
         self.session.conversation.create(item)
         self._created.add(item.id)
+
+    def _approval(self, raw: dict[str, Any]) -> None:
+        """The client's answer to an ``mcp_approval_request``: added to the conversation, then
+        answered by a response, which runs the approved call (its ``mcp_call`` item, then the model
+        answers its output in a follow-up), or in which the model answers the denial."""
+        session = self.session
+        request_id = _field(raw, "approval_request_id", str)
+        approve = raw.get("approve")
+        if not isinstance(approve, bool):
+            raise RealtimeError("item.approve must be true or false", code="invalid_type", param="item.approve")
+        reason = _field(raw, "reason", str, required=False)
+        request = session.history.get(request_id)
+        asked = request.call if request is not None else None
+        if request is None or not isinstance(asked, McpApprovalRequest):
+            raise RealtimeError(f"no mcp_approval_request {request_id!r}", code="item_not_found",
+                                param="item.approval_request_id")
+        if asked.approved is not None:
+            raise RealtimeError(f"the approval request {request_id!r} was answered already",
+                                param="item.approval_request_id")
+        if session.response is not None:
+            raise RealtimeError("a response is in progress: answer the approval request once it is done",
+                                code="conversation_already_has_active_response")
+        item_id = raw.get("id") if isinstance(raw.get("id"), str) else new_id("item")
+        answer = McpApprovalResponse(asked.call_id, asked.name, approval_request_id=request_id,
+                                     approve=approve, reason=reason)
+        session.conversation.create(Item(item_id, "user", call=answer))
+        asked.approved = approve
+        session.log.info("MCP call %s of %s %s by the client", asked.name, asked.server_label,
+                         "approved" if approve else "denied")
+        if approve:
+            call = McpCall(new_id("call"), asked.name, asked.arguments, server_label=asked.server_label,
+                           approval_request_id=request_id)
+            session.mcp.approve(Item(new_id("item"), "assistant", call=call))
+            # The response runs the call and asks the model nothing (an empty input: no request
+            # reaches the pipeline); the follow-up answers the call's output.
+            session.start_response(input_items=[])
+        else:
+            session.start_response()
 
     def _seconds(self, audio: Sequence[str]) -> float:
         """How much audio base64 parts in the session's input format hold, before decoding."""
@@ -215,7 +262,9 @@ class ClientEvents:
             return Item(item_id, "assistant" if kind == "function_call" else "user",
                         call=self._call(raw, kind, param)), []
         if kind != "message":
-            raise RealtimeError(f"item type {kind!r} is not supported", param=f"{param}.type")
+            where = " (only conversation.item.create takes an mcp_approval_response)" \
+                if kind == "mcp_approval_response" else ""
+            raise RealtimeError(f"item type {kind!r} is not supported{where}", param=f"{param}.type")
         role = raw.get("role")
         if role not in ("user", "assistant", "system"):
             raise RealtimeError(f"{param}.role must be user, assistant or system", param=f"{param}.role")

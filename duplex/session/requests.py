@@ -9,6 +9,7 @@ state are the session's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +35,10 @@ class RequestBuilder:
         self._defaults = defaults
         self._history = history
         self._model_state = model_state
+        # What the model is offered for a response's tools and tool choice: MCP tools become the
+        # tools their servers listed (the session's McpTools.offered); as given by default.
+        self.offered: Callable[[tuple[dict[str, Any], ...], str | dict[str, Any]],
+                               tuple[list[dict[str, Any]], str | dict[str, Any]]] = _as_given
 
     def params(self, config: SessionConfig, spec: ResponseSpec) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -41,8 +46,9 @@ class RequestBuilder:
             "voice": self._defaults.voice_map.get(spec.voice, spec.voice),
             "max_output_tokens": spec.max_output_tokens,
         }
-        if spec.tools and spec.tool_choice != "none":
-            params["tools"], params["tool_choice"] = list(spec.tools), spec.tool_choice
+        tools, choice = self.offered(spec.tools, spec.tool_choice) if spec.tool_choice != "none" else ([], "none")
+        if tools and choice != "none":
+            params["tools"], params["tool_choice"] = tools, choice
         td = config.turn_detection
         if config.transcription is not None or (td is not None and td.type == "semantic_vad"):
             # Presets whose model does not transcribe run their recogniser only when asked: for
@@ -94,3 +100,8 @@ class RequestBuilder:
         request = self.request(config, spec, [item])
         request.params["transcribe"] = True
         return request
+
+
+def _as_given(tools: tuple[dict[str, Any], ...],
+              choice: str | dict[str, Any]) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
+    return list(tools), choice

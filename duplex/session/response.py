@@ -13,6 +13,14 @@ a function call (``function_call`` chunks of the model: name, argument deltas) a
 a response that made only a call has no message. ``response.create`` options (voice, modalities,
 caps, metadata, out of band) come in its :class:`ResponseSpec`.
 
+A call of a tool of an MCP server (``duplex.tools``) is the server's to run: an ``mcp_call`` item
+(``response.mcp_call_arguments.delta/done``), run once the model's answer ended
+(``response.mcp_call.in_progress``, then ``.completed`` or ``.failed``: a server that hangs or
+fails gives the item an ``error`` and the response still completes), its result then in the
+history; ``follow_up`` is then the response the session starts to answer it. A call that needs
+approval is an ``mcp_approval_request`` item instead, and nothing is called; a response that runs
+an approved call (``McpTools.take_approved``) generates nothing, it only runs the call.
+
 It talks to its session only through :class:`ResponseHost`; how the audio reaches the user (paced
 by the server or played by the client) is the AgentAudio's business, never the response's.
 """
@@ -39,10 +47,13 @@ from duplex.protocol.events import (
     response_object,
     usage_object,
 )
+from duplex.protocol.items import wire_item
 from duplex.protocol.response_create import ResponseSpec
 from duplex.session.conversation import Conversation
 from duplex.session.history import FunctionCall, Item, voiced_tokens
 from duplex.session.model_pipeline import ModelPipeline
+from duplex.tools.mcp_items import McpApprovalRequest, McpCall, result_call
+from duplex.tools.mcp_session import McpTarget, McpTools
 from pipeline.coordinator import PipelineError, PipelineOverloaded
 from pipeline.proto import OmniRequest, OutputChunk
 
@@ -75,6 +86,10 @@ class ResponseHost(Protocol):
     def conversation(self) -> Conversation:
         """Where the response's items go (a function call may take its message item's place)."""
 
+    @property
+    def mcp(self) -> McpTools:
+        """The session's MCP servers: the tools they offer, and calls."""
+
 
 async def _no_chunks() -> AsyncIterator[OutputChunk]:
     return
@@ -106,6 +121,10 @@ class Response:
         self.text_deltas = 0
         self.model_usage: dict[str, Any] | None = None  # the model's token counts, when it reports them
         self.call: Item | None = None  # the function call the model makes, once it starts one
+        # The MCP tools this response offers, by name; an approved MCP call it runs (no model).
+        self._targets = host.mcp.targets(spec.tools) if spec.tool_choice != "none" else {}
+        self._approved = host.mcp.take_approved() if conversation_id is not None else None
+        self.follow_up: ResponseSpec | None = None  # answers the MCP call this response ran
         # The output_index of each output item, given as it is announced: the message before its
         # first text or audio, the function call at its first piece.
         self._outputs: dict[str, int] = {}
@@ -122,7 +141,7 @@ class Response:
         self._text_tokens: int | None = None
         self.log = logging.LoggerAdapter(log, {**log_extra, "request_id": self.request_id})
         # A speculative request's chunks (already submitted at a pause of the turn), or None.
-        self._adopted = chunks
+        self._adopted = _no_chunks() if self._approved is not None else chunks
         if self.speaks:
             host.audio.begin(self.id, item.id, spec.output_format)
         self._task = asyncio.get_running_loop().create_task(self._run(request, previous))
@@ -154,7 +173,10 @@ class Response:
         status, error = "completed", None
         self._announce(previous)
         try:
+            if self._approved is not None:
+                self._start_approved(self._approved)
             await self._generate(request)
+            await self._run_mcp_call()
         except PipelineOverloaded as err:
             status, error = "failed", {"type": "server_error", "code": "overloaded", "message": str(err)}
         except PipelineError as err:
@@ -283,23 +305,85 @@ class Response:
             return
         send = self.host.send
         if self.call is None:
-            call = FunctionCall(new_id("call"), str(piece["name"]))
-            self.call = Item(new_id("item"), "assistant", call=call)
-            self._outputs[self.call.id] = len(self._outputs)
-            wire = function_call_item(self.call.id, call.call_id, call.name, "", "in_progress")
-            send(event("response.output_item.added", response_id=self.id,
-                       output_index=self._outputs[self.call.id], item=wire))
-            if self.conversation_id is not None:
-                if self.item.id not in self._outputs:
-                    self.host.conversation.withdraw(self.item)  # the call comes first: it takes the place
-                for message in item_added(wire, self.host.conversation.add(self.call)):
-                    send(message)
-        call = self.call.call
-        assert call is not None
-        delta = str(piece.get("arguments") or "")
+            name = str(piece["name"])
+            target = self._targets.get(name)
+            call: FunctionCall
+            if target is None:
+                call = FunctionCall(new_id("call"), name)
+            elif target.needs_approval:
+                call = McpApprovalRequest(new_id("call"), name, server_label=target.server_label)
+            else:
+                call = McpCall(new_id("call"), name, server_label=target.server_label)
+            self._add_call(Item(new_id("item"), "assistant", call=call))
+        assert self.call is not None and self.call.call is not None
+        call, delta = self.call.call, str(piece.get("arguments") or "")
         call.arguments += delta
-        send(event("response.function_call_arguments.delta", response_id=self.id, item_id=self.call.id,
-                   output_index=self._outputs[self.call.id], call_id=call.call_id, delta=delta))
+        index = self._outputs[self.call.id]
+        if isinstance(call, McpCall):
+            send(event("response.mcp_call_arguments.delta", response_id=self.id, item_id=self.call.id,
+                       output_index=index, delta=delta))
+        elif not isinstance(call, McpApprovalRequest):  # a request is told whole, when it is done
+            send(event("response.function_call_arguments.delta", response_id=self.id,
+                       item_id=self.call.id, output_index=index, call_id=call.call_id, delta=delta))
+
+    def _add_call(self, item: Item) -> None:
+        """Announce the response's call item ``item``: first in its output, unless words came."""
+        self.call = item
+        self._outputs[item.id] = len(self._outputs)
+        call = item.call
+        if isinstance(call, McpCall | McpApprovalRequest):
+            wire = wire_item(item)
+        else:
+            assert call is not None
+            wire = function_call_item(item.id, call.call_id, call.name, "", "in_progress")
+        self.host.send(event("response.output_item.added", response_id=self.id,
+                             output_index=self._outputs[item.id], item=wire))
+        if self.conversation_id is not None:
+            if self.item.id not in self._outputs:
+                self.host.conversation.withdraw(self.item)  # the call comes first: it takes the place
+            for message in item_added(wire, self.host.conversation.add(item)):
+                self.host.send(message)
+
+    def _start_approved(self, item: Item) -> None:
+        """This response runs ``item``, an approved MCP call (its arguments are the request's)."""
+        call = item.call
+        assert isinstance(call, McpCall)
+        self._add_call(item)
+        self.host.send(event("response.mcp_call_arguments.delta", response_id=self.id, item_id=item.id,
+                             output_index=self._outputs[item.id], delta=call.arguments))
+
+    async def _run_mcp_call(self) -> None:
+        """Run the response's MCP call, if it made one (not one waiting for approval): its arguments
+        are done, it runs (given up if the response is cancelled), and its result joins the history."""
+        item = self.call
+        call = item.call if item is not None else None
+        if item is None or not isinstance(call, McpCall) or self.cancel_reason is not None:
+            return
+        send, index = self.host.send, self._outputs[item.id]
+        send(event("response.mcp_call_arguments.done", response_id=self.id, item_id=item.id,
+                   output_index=index, arguments=call.arguments))
+        send(event("response.mcp_call.in_progress", item_id=item.id, output_index=index))
+        target = self._targets.get(call.name) if self._approved is None else \
+            self.host.mcp.target(call.server_label, call.name)
+        outcome = await self._call(target, call)
+        if self.cancel_reason is not None:
+            call.error = {"type": "tool_execution_error", "message": "cancelled: the response was cancelled"}
+            return
+        call.result, call.error = outcome
+        send(event("response.mcp_call.completed" if call.error is None else "response.mcp_call.failed",
+                   item_id=item.id, output_index=index))
+        if self.conversation_id is not None and self.spec.input is None:
+            self.host.conversation.add(Item(new_id("item"), "user", call=result_call(call)))
+            self.follow_up = self.host.mcp.follow_up(self.spec)
+
+    async def _call(self, target: McpTarget | None, call: McpCall) -> tuple[str | None, dict[str, Any] | None]:
+        """The call's (output, error); given up when the response is cancelled."""
+        self.log.info("response %s: calls %s on MCP server %s", self.id, call.name, call.server_label)
+        task = asyncio.ensure_future(self.host.mcp.run(target, call))
+        await self._until_cancelled(task)
+        if not task.done() or task.cancelled():
+            return None, {"type": "tool_execution_error", "message": "cancelled"}
+        return task.result()
 
     def _finish_message(self, status: str) -> dict[str, Any]:
         """The message item's closing events; its final wire form."""
@@ -322,6 +406,12 @@ class Response:
         if self.call is None or self.call.call is None:
             return None
         call, send, index = self.call.call, self.host.send, self._outputs[self.call.id]
+        if isinstance(call, McpCall | McpApprovalRequest):
+            wire = wire_item(self.call)
+            send(event("response.output_item.done", response_id=self.id, output_index=index, item=wire))
+            if self.conversation_id is not None:
+                send(event("conversation.item.done", item=wire))
+            return wire
         send(event("response.function_call_arguments.done", response_id=self.id, item_id=self.call.id,
                    output_index=index, call_id=call.call_id, name=call.name, arguments=call.arguments))
         wire = function_call_item(self.call.id, call.call_id, call.name, call.arguments,
@@ -371,6 +461,10 @@ class Response:
             outputs[call["id"]] = call
         output = [outputs[i] for i in sorted(outputs, key=self._outputs.__getitem__)]
         self.host.send(event("response.done", response=self._object(status, output, self._usage(), error)))
+        if status != "completed":
+            self.follow_up = None
+        if self.conversation_id is not None:
+            self.host.mcp.response_ended(called=self.follow_up is not None)
         if self.speaks:
             self.host.audio.finish(completed=status == "completed")
         self.host.on_response_done(self)

@@ -58,6 +58,7 @@ from duplex.session.response import Response
 from duplex.session.speculation import Speculation, Speculator
 from duplex.session.states import BargeIn, PendingInterruption, SessionTransport, State
 from duplex.settings import SessionDefaults
+from duplex.tools.mcp_session import McpTools
 from duplex.turns.semantic import SemanticTurnJudge
 from duplex.turns.server_vad import SpeechStarted, SpeechStopped, TurnDetector
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
@@ -99,6 +100,9 @@ class Session:
         self._judge = SemanticTurnJudge()
         self._model_state = KeptModelState(pipeline, defaults.keep_model_state)
         self._requests = RequestBuilder(defaults, self.history, self._model_state, session_id)
+        # MCP servers the session's tools name (duplex/tools): connected on session.update.
+        self.mcp = McpTools(self.send, self.conversation, {"session_id": session_id})
+        self._requests.offered = self.mcp.offered
         self._speculator = Speculator(pipeline, self._judge.hear, self._model_state.withdraw,
                                       {"session_id": session_id})
         piece_s = defaults.prefill_piece_s if defaults.keep_model_state else 0
@@ -112,12 +116,12 @@ class Session:
         self._user_item_id: str | None = None
         self._closed = False
         self._arrivals = Arrivals()
+        self.idle = Idle(self, defaults)  # idle timeout, check-ins, longest call
+        self.recording: CallRecording | None = None  # the binding's, with --record-dir
         audio.listener = self
 
     @property
     def _max_turn_ms(self) -> int:
-        self.idle = Idle(self, defaults)  # idle timeout, check-ins, longest call
-        self.recording: CallRecording | None = None  # the binding's, with --record-dir
         return int(self.defaults.max_input_audio_s * 1000)
 
     @property
@@ -144,17 +148,18 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self.idle.close()
         if self._response is not None:
             await self.cancel_response("session_closed")
         for beside in list(self._beside):
             await beside.cancel("session_closed")
-        self.idle.close()
         self._detector.reset()
         self._judge.forget()
         await self._speculator.close()
         await self._prefill.close()
         await self._live.close()
         await self._model_state.close()
+        await self.mcp.close()
         self.history.clear()
         self._input.clear()
         self._let_go()
@@ -183,6 +188,7 @@ class Session:
         self.config = config
         if config.turn_detection is not None:
             self._detector.config = config.turn_detection
+        self.mcp.configure(config.tools)
 
     # --- inbound audio --------------------------------------------------------------------
 
@@ -192,14 +198,14 @@ class Session:
             return
         received_at = time.monotonic() if received_at is None else received_at
         self._arrivals.note(len(samples), received_at)
+        if self.recording is not None:
+            self.recording.caller(samples, received_at)
         if self.config.turn_detection is None:
             self._input.append(samples)
             return
         # One VAD window at a time: an interruption is confirmed (or dismissed) at the window where
         # it happens, even when a client sends a whole utterance in one chunk.
         for start in range(0, len(samples), WINDOW):
-        if self.recording is not None:
-            self.recording.caller(samples, received_at)
             self._detector.threshold_override = self._echo_guard()
             for turn_event in self._detector.process(samples[start : start + WINDOW]):
                 if isinstance(turn_event, SpeechStarted):
@@ -218,13 +224,13 @@ class Session:
             self._live.step(self._detector, self._live_item(),
                             lambda audio: self._requests.recognition(self.config, audio))
             self._interruptions.check(self)
+            self.idle.step(self._detector.position_ms, self._detector.in_speech)
 
     def _semantic_turn_end(self) -> bool:
         """semantic_vad: whether the end-of-turn model and the pause end the user's turn now."""
         td = self.config.turn_detection
         if td is None or td.type != "semantic_vad" or isinstance(self.barge_in, PendingInterruption):
             return False
-            self.idle.step(self._detector.position_ms, self._detector.in_speech)
         return self._judge.should_end(self._detector, td.eagerness)
 
     def _may_speculate(self) -> bool:
@@ -410,13 +416,16 @@ class Session:
             self._model_state.answered(response.request_id, response.item.id)
         if self._response is response:
             self._response = None
+            self.idle.response_done(response)
         if self.state in (State.THINKING, State.SPEAKING):
             self.state = State.LISTENING
         if self._response is None:
             self._interruptions.response_done(self)
+        if response.follow_up is not None and self._response is None and self.state is State.LISTENING \
+                and not self._closed:
+            self.start_response(spec=response.follow_up)  # the model answers the MCP call's output
 
     # --- PlayoutListener ------------------------------------------------------------------
-            self.idle.response_done(response)
 
     def on_playout_started(self, item_id: str) -> None:
         resp = self._response
