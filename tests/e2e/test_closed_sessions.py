@@ -36,6 +36,7 @@ from harness.calls import QUESTION
 from harness.server import free_port, write_preset
 from harness.speech import speech
 from pipeline.runner import start_pipeline
+from tests.api.helpers import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -83,19 +84,12 @@ def the_binding(state: AppState) -> SessionBinding:
     return binding
 
 
-async def wait_for(condition: Any, what: str) -> None:
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not condition():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def assert_freed(refs: dict[str, weakref.ref[Any]], state: AppState) -> None:
     """Every object of ``refs`` is gone once the session ended (its last tasks wind down over a few
     loop turns; a reference cycle would keep it for good, the collector being off)."""
-    await wait_for(lambda: len(state.registry) == 0, "the session to end")
+    await eventually(lambda: len(state.registry) == 0, "the session to end")
     for _ in range(100):
         if all(ref() is None for ref in refs.values()):
             return

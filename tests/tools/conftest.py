@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,13 +157,3 @@ def duplex(duplex_server: Duplex, tool_server: ToolServer,
 
     monkeypatch.setattr(mcp_session, "McpConnection", Recorded)
     return duplex_server
-
-
-async def eventually(condition: Callable[[], Any], what: str) -> None:
-    """Until ``condition`` holds (server state with no event to wait on), at most TIMEOUT."""
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not condition():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None

@@ -22,8 +22,8 @@ import pytest
 
 from duplex.tools import mcp_client
 from pipeline.proto import OmniRequest
-from tests.api.helpers import RealtimeClient, realtime, user_text
-from tests.tools.conftest import Duplex, ToolServer, eventually
+from tests.api.helpers import RealtimeClient, eventually, realtime, user_text
+from tests.tools.conftest import Duplex, ToolServer
 
 TEXT_ONLY = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
 SECRET = "hdr-secret-7f3a91c2e5"
@@ -33,6 +33,13 @@ def mcp_tool(server: ToolServer, *allowed: str, approval: Any = "never", path: s
              label: str = "tools") -> dict[str, Any]:
     return {"type": "mcp", "server_label": label, "server_url": server.url + path,
             "allowed_tools": list(allowed), "require_approval": approval, "headers": {"X-Token": SECRET}}
+
+
+async def next_call_works(rt: RealtimeClient, tool_server: ToolServer, response: int) -> None:
+    """The conversation goes on: a forced lookup, the session's ``response``-th, is answered."""
+    await rt.connection.response.create(response=force("lookup"))
+    again = await rt.wait("response.done", response)
+    assert again.response.output[0].output == tool_server.token
 
 
 def force(name: str, label: str = "tools") -> dict[str, Any]:
@@ -177,9 +184,7 @@ async def test_a_hanging_server_gives_an_error_and_the_next_turn_works(
         assert outputs(answer) == ["message"] and answer.response.status == "completed"
         assert "no answer within" in fed(duplex, rt, 1)
 
-        await rt.connection.response.create(response=force("lookup"))
-        again = await rt.wait("response.done", 3)
-        assert again.response.output[0].output == tool_server.token
+        await next_call_works(rt, tool_server, 3)
 
 
 async def test_a_failing_tool_gives_an_error_and_the_next_turn_works(
@@ -194,9 +199,7 @@ async def test_a_failing_tool_gives_an_error_and_the_next_turn_works(
         assert rt.of("response.mcp_call.failed")
         answer = await rt.wait("response.done", 2)
         assert outputs(answer) == ["message"] and answer.response.status == "completed"
-        await rt.connection.response.create(response=force("lookup"))
-        again = await rt.wait("response.done", 3)
-        assert again.response.output[0].output == tool_server.token
+        await next_call_works(rt, tool_server, 3)
 
 
 async def test_a_server_that_is_no_mcp_server_fails_its_list_and_the_session_goes_on(
