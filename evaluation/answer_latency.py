@@ -112,11 +112,13 @@ def count(call: Call, kind: str) -> int:
 
 
 async def answered(call: Call, stops_before: int) -> None:
-    """Until the turn after ``stops_before`` decisions has been decided and answered to its end."""
+    """Until the turn after ``stops_before`` decisions has been decided and answered to its end
+    (an answer into a pause is cut by the speech after it: its audio is cleared, not stopped)."""
     def done() -> bool:
         stops = count(call, "input_audio_buffer.speech_stopped")
+        ended = count(call, "output_audio_buffer.stopped") + count(call, "output_audio_buffer.cleared")
         return (stops > stops_before and count(call, "response.done") >= stops
-                and count(call, "output_audio_buffer.stopped") >= count(call, "output_audio_buffer.started"))
+                and ended >= count(call, "output_audio_buffer.started"))
 
     await call.peer.wait_for(done, ANSWER_TIMEOUT_S)
 
