@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections import Counter
 from urllib.parse import quote
 
 FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s [%(session_id)s] %(message)s"
@@ -56,20 +57,36 @@ def _keep_prefix(match: re.Match[str]) -> str:
 
 
 class Redactor:
-    """Masks secrets in text: by shape (see the module doc) and the configured values."""
+    """Masks secrets in text: by shape (see the module doc) and the configured values.
+
+    Values are counted: a session's own secrets (its MCP servers' headers) are added while it uses
+    them and removed when it stops (:meth:`remove`), so that neither the set nor the work on every
+    line grows with the sessions a process has served."""
 
     def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
         self._secrets: tuple[str, ...] = ()
 
     def add(self, *secrets: str | None) -> None:
         """Mask these values (and their URL-encoded forms) from now on; None and short ones are
         skipped."""
-        known = set(self._secrets)
-        for secret in secrets:
-            if secret is not None and len(secret) >= MIN_SECRET_LEN:
-                known |= {secret, quote(secret, safe="")}
+        self._counts.update(self._forms(secrets))
+        self._sort()
+
+    def remove(self, *secrets: str | None) -> None:
+        """Stop masking these values by value, once everyone who added them removed them."""
+        self._counts.subtract(self._forms(secrets))
+        self._counts = +self._counts  # drops what reached zero
+        self._sort()
+
+    @staticmethod
+    def _forms(secrets: tuple[str | None, ...]) -> list[str]:
+        return [form for secret in secrets if secret is not None and len(secret) >= MIN_SECRET_LEN
+                for form in {secret, quote(secret, safe="")}]
+
+    def _sort(self) -> None:
         # Longest first, so that a secret containing another is masked whole.
-        self._secrets = tuple(sorted(known, key=len, reverse=True))
+        self._secrets = tuple(sorted(self._counts, key=len, reverse=True))
 
     def __call__(self, text: str) -> str:
         lowered = text.lower()
@@ -86,6 +103,11 @@ REDACTOR = Redactor()
 def hide_secrets(*secrets: str | None) -> None:
     """Mask these configured secrets on every log line of this process from now on."""
     REDACTOR.add(*secrets)
+
+
+def unhide_secrets(*secrets: str | None) -> None:
+    """The caller of :func:`hide_secrets` no longer holds these (a session's, when it ends)."""
+    REDACTOR.remove(*secrets)
 
 
 class RedactingFormatter(logging.Formatter):

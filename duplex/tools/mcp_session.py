@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from duplex.logs import hide_secrets
+from duplex.logs import hide_secrets, unhide_secrets
 from duplex.protocol.events import event, item_added, new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.session.conversation import Conversation
@@ -132,6 +132,7 @@ class McpTools:
         server = self._servers.pop(label)
         if server.task is not None:
             server.task.cancel()
+        unhide_secrets(*server.spec["headers"].values())
         asyncio.get_running_loop().create_task(server.connection.close())
 
     async def close(self) -> None:
@@ -141,6 +142,7 @@ class McpTools:
         for server in servers:
             if server.task is not None:
                 server.task.cancel()
+            unhide_secrets(*server.spec["headers"].values())
         await asyncio.gather(*(s.connection.close() for s in servers), return_exceptions=True)
         self._approved = None
         # ``send`` is the session's own method: keeping it would hold the closed session in a

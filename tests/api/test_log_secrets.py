@@ -144,3 +144,17 @@ def test_configured_secrets_are_masked_anywhere_and_the_rest_is_kept() -> None:
     redactor.add("Pa$$ word/42", None, "short")
     line = "max_tokens=60 session sess_1 said Pa$$ word/42, then Pa%24%24%20word%2F42, short"
     assert redactor(line) == f"max_tokens=60 session sess_1 said {MASK}, then {MASK}, short"
+
+
+def test_a_secret_added_twice_is_masked_until_both_holders_removed_it() -> None:
+    """Sessions add their own secrets and remove them when they end: the redactor then forgets
+    them (its work on every line does not grow with the sessions served), but not while another
+    holder of the same value still uses it."""
+    redactor = Redactor()
+    redactor.add("per-session-header-1", "per-session-header-1")
+    redactor.remove("per-session-header-1")
+    assert redactor("sent per-session-header-1") == f"sent {MASK}"
+    redactor.remove("per-session-header-1")
+    assert redactor("sent per-session-header-1") == "sent per-session-header-1"
+    redactor.remove("never-added-value")  # a remove without an add changes nothing
+    assert redactor("sent never-added-value") == "sent never-added-value"

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from duplex.logs import MASK, REDACTOR
 from duplex.tools import mcp_client
 from pipeline.proto import OmniRequest
 from tests.api.helpers import RealtimeClient, eventually, realtime, user_text
@@ -219,8 +220,10 @@ async def test_a_server_that_is_no_mcp_server_fails_its_list_and_the_session_goe
 
 
 async def test_closing_the_session_closes_its_connections(duplex: Duplex, tool_server: ToolServer) -> None:
+    """...and lets go of its headers in the log redaction (masked while the session uses them)."""
     async with session(duplex, mcp_tool(tool_server, "lookup")) as rt:
         assert rt.of("mcp_list_tools.completed")
+        assert REDACTOR(SECRET) == MASK
         [connection] = duplex.connections
         assert not connection.closed
         # A session.update that changes the server's headers reconnects; the old connection closes.
@@ -230,6 +233,7 @@ async def test_closing_the_session_closes_its_connections(duplex: Duplex, tool_s
         await eventually(lambda: connection.closed, "the replaced connection to close")
     await eventually(lambda: all(c.closed for c in duplex.connections), "the session's connections to close")
     assert len(duplex.connections) == 2
+    assert REDACTOR(SECRET) == SECRET and REDACTOR(SECRET + "-2") == SECRET + "-2"
 
 
 async def test_a_server_the_operator_did_not_list_is_refused_and_never_reached(
