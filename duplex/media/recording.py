@@ -105,7 +105,7 @@ class CallRecording:
         return (self._clock() if at is None else at) - self._start
 
     def _pos(self, at: float) -> int:
-        return int(round(self._t(at) * RATE))
+        return round(self._t(at) * RATE)
 
     # --- audio ------------------------------------------------------------------------------
 

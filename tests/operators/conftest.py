@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.server import ROOT
 from pipeline.config import parse_pipeline_config
 from pipeline.coordinator import Coordinator
 from pipeline.proto import OmniRequest, OutputChunk
 from pipeline.runner import start_pipeline
-from harness.server import ROOT
 
 ANSWER_TOKENS = 12  # the toy's words an answer: 12 x 3 frames of 80 ms = 2.88 s of audio
 
