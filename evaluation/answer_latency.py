@@ -2,6 +2,7 @@
 for 2 and 4 callers who finish speaking at the same moment; and whether it cuts anyone off.
 
     python -m evaluation.answer_latency [--preset offline] [--callers 1,2,4] [--samples 8]
+        [--natural] [--name answer_latency]
 
 A real ``duplex.serve`` (the preset as shipped: semantic_vad, speculative start) runs under the
 server probe (evaluation/server_probe.py: CLOCK_MONOTONIC times of public calls inside the server),
@@ -15,6 +16,11 @@ the moment the caller's last sample left its microphone (end of speech):
 - first clause: its first synthesised audio (the first clause voiced) reached the session;
 - on the wire: the first audible 20 ms frame left the call's outbound track (to the encoder);
 - heard: the client received it (Opus, RTP over loopback, the client's jitter buffer).
+
+``--natural``: the questions in piper's natural voice instead, at a rate the policy was not tuned
+on (length scale 1.0; tuning used 0.9 and 1.15), which Whisper hears far better than espeak-ng: it
+separates what the turn policy makes of the words from what misheard words make of it (results
+under ``--name``).
 
 A request submitted before the decision is a speculative answer adopted at the decision: its
 transcript, first token and first clause may come before the decision, and its first audio then
@@ -56,7 +62,7 @@ from evaluation.duplex_bench import probed_server
 from evaluation.duplex_calls import AUDIBLE, call_id, open_call, speak
 from harness.calls import Call, hang_up
 from harness.server import ServerProcess
-from harness.speech import speech, speech_with_pauses
+from harness.speech import natural_speech, speech, speech_with_pauses
 from harness.wer import wer
 
 matplotlib.use("Agg")
@@ -91,7 +97,12 @@ def voiced(samples: np.ndarray) -> np.ndarray:
     return samples[loud[0] : loud[-1] + 1]
 
 
+NATURAL = ("piper joe, length scale 1.0", 0)
+
+
 def question(text: str, voice: tuple[str, int]) -> np.ndarray:
+    if voice == NATURAL:
+        return voiced(natural_speech(text, RATE, 0.0, 0.0, length_scale=1.0))
     return voiced(speech(text, RATE, 0.0, 0.0, voice=voice[0], wpm=voice[1]))
 
 
@@ -140,9 +151,10 @@ async def say_together(calls: list[Call], lines: list[tuple[str, np.ndarray, str
     return list(await asyncio.gather(*(one(c, *line, s) for c, line, s in zip(calls, lines, stops))))
 
 
-async def run_phases(server: ServerProcess, levels: list[int], samples: int) -> dict[str, Any]:
+async def run_phases(server: ServerProcess, levels: list[int], samples: int,
+                     voices: tuple[tuple[str, int], ...]) -> dict[str, Any]:
     warm = await open_call(server)
-    await say_together([warm], [(QUESTIONS[0], question(QUESTIONS[0], VOICES[0]), "warm-up")])
+    await say_together([warm], [(QUESTIONS[0], question(QUESTIONS[0], voices[0]), "warm-up")])
     await hang_up(server, warm)
     paused = []
     for voice in VOICES:
@@ -158,7 +170,7 @@ async def run_phases(server: ServerProcess, levels: list[int], samples: int) -> 
         for round_ in range(-(-samples // level)):
             lines = []
             for i in range(level):
-                text, voice = QUESTIONS[(round_ * level + i) % len(QUESTIONS)], VOICES[i % len(VOICES)]
+                text, voice = QUESTIONS[(round_ * level + i) % len(QUESTIONS)], voices[i % len(voices)]
                 lines.append((text, question(text, voice), voice[0]))
             said[level] += await say_together(calls, lines)
         await asyncio.gather(*(hang_up(server, call) for call in calls))
@@ -256,12 +268,15 @@ def main() -> None:
     p.add_argument("--preset", default="offline")
     p.add_argument("--callers", default="1,2,4")
     p.add_argument("--samples", type=int, default=8, help="answered turns per level")
+    p.add_argument("--natural", action="store_true", help="questions in piper's voice (module doc)")
+    p.add_argument("--name", default=NAME, help="results file name")
     args = p.parse_args()
+    voices = (NATURAL,) if args.natural else VOICES
     levels = [int(n) for n in args.callers.split(",")]
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     with probed_server(write_preset(args.preset, max(levels)), "server", NAME) as (server, probe_path):
-        phases = asyncio.run(run_phases(server, levels, args.samples))
-    result = {"preset": args.preset, "machine": machine(), "voices": [v for v, _ in VOICES],
+        phases = asyncio.run(run_phases(server, levels, args.samples, voices))
+    result = {"preset": args.preset, "machine": machine(), "voices": [v for v, _ in voices],
               **analyse(Probe.load(probe_path), phases)}
     for level, data in result["levels"].items():
         print(f"\n{level} caller(s), ms after the end of speech "
@@ -269,7 +284,7 @@ def main() -> None:
         print(format_table(["stage", "p50", "p90"],
                            [[s, data["stages_ms"][s]["p50"], data["stages_ms"][s]["p90"]] for s in STAGES]))
     print(f"\nmid-sentence cuts: {result['mid_sentence_cuts']} of {len(result['paused_turns'])} paused sentences")
-    save_results(NAME, result, plot)
+    save_results(args.name, result, plot)
 
 
 if __name__ == "__main__":
