@@ -59,7 +59,7 @@ from evaluation.bench_common import (
 )
 from evaluation.duplex_analysis import Probe
 from evaluation.duplex_bench import probed_server
-from evaluation.duplex_calls import AUDIBLE, call_id, open_call, speak
+from evaluation.duplex_calls import AUDIBLE, call_id, open_call, speak, trimmed
 from harness.calls import Call, hang_up
 from harness.server import ServerProcess
 from harness.speech import natural_speech, speech, speech_with_pauses
@@ -90,20 +90,13 @@ TARGET_MS = {1: 600, 4: 1000}
 ANSWER_TIMEOUT_S = 60.0
 
 
-def voiced(samples: np.ndarray) -> np.ndarray:
-    """``samples`` without leading or trailing silence: its first and last samples are the
-    moments the user starts and stops speaking."""
-    loud = np.nonzero(np.abs(samples) > 0.01)[0]
-    return samples[loud[0] : loud[-1] + 1]
-
-
 NATURAL = ("piper joe, length scale 1.0", 0)
 
 
 def question(text: str, voice: tuple[str, int]) -> np.ndarray:
     if voice == NATURAL:
-        return voiced(natural_speech(text, RATE, 0.0, 0.0, length_scale=1.0))
-    return voiced(speech(text, RATE, 0.0, 0.0, voice=voice[0], wpm=voice[1]))
+        return trimmed(natural_speech(text, RATE, 0.0, 0.0, length_scale=1.0))
+    return trimmed(speech(text, RATE, 0.0, 0.0, voice=voice[0], wpm=voice[1]))
 
 
 @dataclass
@@ -160,7 +153,7 @@ async def run_phases(server: ServerProcess, levels: list[int], samples: int,
     for voice in VOICES:
         call = await open_call(server)
         for pieces, pauses in PAUSED:
-            samples_ = voiced(speech_with_pauses(pieces, pauses, RATE, 0.0, 0.0, *voice))
+            samples_ = trimmed(speech_with_pauses(pieces, pauses, RATE, 0.0, 0.0, *voice))
             paused += await say_together([call], [(" ".join(pieces), samples_, voice[0])])
         await hang_up(server, call)
     said: dict[int, list[Said]] = {}

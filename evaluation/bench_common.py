@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "evaluation" / "results"
@@ -60,6 +61,21 @@ def summarize(values: Iterable[float], scale: float = 1000.0) -> dict[str, float
         "mean": round(float(data.mean()), 2),
         "max": round(float(data.max()), 2),
     }
+
+
+def apply_stage_changes(pipeline: dict[str, Any], changes: Iterable[str],
+                        fields: frozenset[str] = frozenset()) -> None:
+    """Apply each ``STAGE.NAME=VALUE`` of ``changes`` (VALUE read as YAML) to a preset file's
+    ``pipeline`` section: ``NAME`` is one of the stage's ``options``, or, where it is in
+    ``fields``, a field of the stage itself (``threads``)."""
+    stages = {s["name"]: s for s in pipeline["stages"]}
+    for change in changes:
+        key, _, value = change.partition("=")
+        stage, _, name = key.partition(".")
+        if stage not in stages or not name or not value:
+            raise SystemExit(f"{change!r}: want STAGE.OPTION=VALUE with STAGE in {sorted(stages)}")
+        target = stages[stage] if name in fields else stages[stage].setdefault("options", {})
+        target[name] = yaml.safe_load(value)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

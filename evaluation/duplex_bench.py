@@ -46,7 +46,13 @@ import yaml
 from duplex.settings import load_preset
 from evaluation import duplex_calls as calls
 from evaluation import duplex_report as report
-from evaluation.bench_common import RESULTS_DIR, ROOT, run_in_loopback_namespace, write_json
+from evaluation.bench_common import (
+    RESULTS_DIR,
+    ROOT,
+    apply_stage_changes,
+    run_in_loopback_namespace,
+    write_json,
+)
 from evaluation.duplex_analysis import Probe
 from evaluation.duplex_plots import plot
 from evaluation.duplex_report import Phase
@@ -86,14 +92,8 @@ def write_bench_preset(args: argparse.Namespace, name: str, options: list[str],
     source = args.config or ROOT / "configs" / f"{args.preset}.yaml"
     data = yaml.safe_load(source.read_text())
     data["max_sessions"] = max(sessions, data.get("max_sessions", 8))
-    stages = {s["name"]: s for s in data["pipeline"]["stages"]}
     delays = [d.replace("=", ".step_delay_s=", 1) for d in args.step_delay]
-    for spec in delays + options:
-        key, _, value = spec.partition("=")
-        stage, _, option = key.partition(".")
-        if stage not in stages or not option:
-            raise SystemExit(f"{spec!r}: want STAGE.OPTION=VALUE with STAGE in {sorted(stages)}")
-        stages[stage].setdefault("options", {})[option] = yaml.safe_load(value)
+    apply_stage_changes(data["pipeline"], delays + options)
     path = RESULTS_DIR / f"{NAME}_{name}_preset.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -33,12 +33,16 @@ HEARD_BEFORE_BARGE_IN_S = 1.2  # past the session's echo guard (1 s of agent aud
 LATENCY_ANSWER_TOKENS = 4  # short answers keep the latency phase quick; first audio is unchanged
 
 
-def voiced(text: str) -> np.ndarray:
-    """espeak-ng speech at 48 kHz without leading or trailing silence: its first and last samples
-    are the moments the user starts and stops speaking."""
-    samples = speech(text, 48000, 0.0, 0.0)
+def trimmed(samples: np.ndarray) -> np.ndarray:
+    """``samples`` without leading or trailing silence: its first and last samples are the
+    moments the user starts and stops speaking."""
     loud = np.nonzero(np.abs(samples) > 0.01)[0]
     return samples[loud[0] : loud[-1] + 1]
+
+
+def voiced(text: str) -> np.ndarray:
+    """espeak-ng speech of ``text`` at 48 kHz, :func:`trimmed`."""
+    return trimmed(speech(text, 48000, 0.0, 0.0))
 
 
 @dataclass

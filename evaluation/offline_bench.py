@@ -29,10 +29,16 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-import yaml
 from prometheus_client import REGISTRY
 
-from evaluation.bench_common import ROOT, format_table, machine, save_figure, save_results
+from evaluation.bench_common import (
+    ROOT,
+    apply_stage_changes,
+    format_table,
+    machine,
+    save_figure,
+    save_results,
+)
 from harness.speech import speech
 from harness.wer import wer
 from pipeline.config import parse_pipeline_config, read_yaml
@@ -125,16 +131,10 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def configured(changes: list[str]) -> dict[str, Any]:
-    """configs/offline.yaml's pipeline with each ``STAGE.OPTION=VALUE`` of ``changes`` applied."""
+    """configs/offline.yaml's pipeline with each ``STAGE.OPTION=VALUE`` of ``changes`` applied
+    (``threads``: the stage's own field)."""
     pipeline = read_yaml(ROOT / "configs" / "offline.yaml")["pipeline"]
-    stages = {s["name"]: s for s in pipeline["stages"]}
-    for change in changes:
-        key, _, value = change.partition("=")
-        stage, _, option = key.partition(".")
-        if stage not in stages or not option or not value:
-            raise SystemExit(f"{change!r}: want STAGE.OPTION=VALUE with STAGE in {sorted(stages)}")
-        target = stages[stage] if option == "threads" else stages[stage].setdefault("options", {})
-        target[option] = yaml.safe_load(value)
+    apply_stage_changes(pipeline, changes, frozenset({"threads"}))
     return pipeline
 
 
