@@ -20,7 +20,6 @@ from duplex.api.ephemeral_keys import client_secrets
 from duplex.api.errors import ERROR_RESPONSES, APIError, read_body
 from duplex.protocol.events import new_id
 from duplex.protocol.session_update import apply_session_update, session_object
-from duplex.tools.mcp_spec import only_allowed
 
 # Minting takes the real key.
 router = APIRouter(dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
@@ -70,8 +69,8 @@ async def create_client_secret(request: Request) -> dict[str, Any]:
     if session is not None:
         if not isinstance(session, dict):
             raise APIError(400, "session must be an object", "invalid_value", param="session")
-        config, errors = apply_session_update(config, session, [*state.settings.voices, *defaults.voice_map])
-        errors += only_allowed(config.tools, defaults.mcp_servers, "session.tools")[1]
+        config, errors = apply_session_update(config, session, [*state.settings.voices, *defaults.voice_map],
+                                              defaults.mcp_servers)
         if errors:
             raise APIError(400, errors[0].message, errors[0].code, param=errors[0].param)
     secret = client_secrets(request.app.state).mint(ttl, session)

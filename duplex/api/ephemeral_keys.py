@@ -63,5 +63,5 @@ def apply_secret_session(session: Any, update: dict[str, Any]) -> None:
     """Open ``session`` (a new :class:`~duplex.session.session.Session`) with the configuration
     its secret was minted with (validated then, so nothing is refused now)."""
     voices = [*session.voices, *session.defaults.voice_map]
-    config, _ = apply_session_update(session.config, update, voices)
+    config, _ = apply_session_update(session.config, update, voices, session.defaults.mcp_servers)
     session.reconfigure(config)

@@ -94,7 +94,8 @@ async def create_call(request: Request) -> Response:
         if not isinstance(session, dict):
             raise APIError(400, "the 'session' part must be a JSON object", "invalid_session", param="session")
         voices = [*call.session.voices, *call.session.defaults.voice_map]
-        config, errors = apply_session_update(call.session.config, session, voices)
+        config, errors = apply_session_update(call.session.config, session, voices,
+                                              call.session.defaults.mcp_servers)
         if errors:  # no event channel yet to report them on: the offer is refused
             raise APIError(400, errors[0].message, errors[0].code, param=errors[0].param)
         call.session.reconfigure(config)

@@ -21,7 +21,7 @@ from duplex.protocol.fields import (
     tools,
 )
 from duplex.session.config import SessionConfig
-from duplex.tools.mcp_spec import public_tool
+from duplex.tools.mcp_spec import only_allowed, public_tool
 from duplex.turns import end_of_turn
 from duplex.turns.config import TurnDetection, TurnDetectionError
 
@@ -194,10 +194,12 @@ def _audio_fields(session: dict[str, Any], errors: list[RealtimeError]) -> dict[
     return sections
 
 
-def apply_session_update(config: SessionConfig, session: dict[str, Any],
-                         voices: Collection[str]) -> tuple[SessionConfig, list[RealtimeError]]:
+def apply_session_update(config: SessionConfig, session: dict[str, Any], voices: Collection[str],
+                         mcp_servers: Collection[str] = ()) -> tuple[SessionConfig, list[RealtimeError]]:
     """The config after a ``session.update`` (every valid field applied), and one error per invalid
-    field. ``voices``: the names a client may choose (the preset's voices and its voice_map)."""
+    field. ``voices``: the names a client may choose (the preset's voices and its voice_map);
+    ``mcp_servers``: the MCP servers its tools may name (the preset's ``session.mcp_servers``;
+    an MCP tool naming another is dropped with an error, :func:`~duplex.tools.mcp_spec.only_allowed`)."""
     errors: list[RealtimeError] = []
     changes: dict[str, Any] = {}
     audio = _audio_fields(session, errors)
@@ -229,6 +231,9 @@ def apply_session_update(config: SessionConfig, session: dict[str, Any],
                 continue
             if name:
                 changes[name] = value
+    if "tools" in changes:
+        changes["tools"], refused = only_allowed(changes["tools"], mcp_servers, "session.tools")
+        errors += refused
     return replace(config, **changes), errors
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,6 @@ from duplex.rate_limit import TokenBucket
 from duplex.session.history import FunctionCall, Item
 from duplex.session.session import Session
 from duplex.tools.mcp_items import McpApprovalRequest, McpApprovalResponse, McpCall
-from duplex.tools.mcp_spec import only_allowed
 from duplex.turns.vad import SAMPLE_RATE, WINDOW
 
 MAX_TEXT_CHARS = 100_000
@@ -136,9 +134,8 @@ class ClientEvents:
     async def _session_update(self, message: dict[str, Any]) -> None:
         session = self.session
         voices = [*session.voices, *session.defaults.voice_map]
-        config, errors = apply_session_update(session.config, _field(message, "session", dict), voices)
-        tools, refused = only_allowed(config.tools, session.defaults.mcp_servers, "session.tools")
-        config, errors = replace(config, tools=tools), errors + refused
+        config, errors = apply_session_update(session.config, _field(message, "session", dict), voices,
+                                              session.defaults.mcp_servers)
         session.reconfigure(config)
         for err in errors:
             session.log.info("session.update: %s refused: %s", err.param, err.message)

@@ -93,3 +93,18 @@ def test_instructions_longer_than_the_limit_are_refused_and_the_rest_applies() -
     with pytest.raises(RealtimeError) as refused:
         response_spec({"instructions": long}, CONFIG, VOICES)
     assert refused.value.param == "response.instructions"
+
+
+def test_mcp_tools_name_only_the_servers_the_preset_lists() -> None:
+    """Every way a session config is applied (session.update, a call's offer, a client secret)
+    goes through apply_session_update: an MCP server the preset does not list is dropped with an
+    error naming it, before anything could connect to it; the listed one and function tools stay."""
+    tools = [{"type": "function", "name": "f"},
+             {"type": "mcp", "server_label": "inside", "server_url": "http://169.254.169.254/mcp"},
+             {"type": "mcp", "server_label": "docs", "server_url": "https://mcp.example.com/docs/mcp"}]
+    config, errors = apply_session_update(CONFIG, {"tools": tools}, VOICES, ["https://mcp.example.com/docs"])
+    assert [(e.code, e.param) for e in errors] == [("mcp_server_not_allowed", "session.tools[1].server_url")]
+    assert [t.get("server_label", t.get("name")) for t in config.tools] == ["f", "docs"]
+    config, errors = apply_session_update(CONFIG, {"tools": tools}, VOICES)  # none listed by default
+    assert [e.param for e in errors] == ["session.tools[1].server_url", "session.tools[2].server_url"]
+    assert [t["name"] for t in config.tools] == ["f"]
