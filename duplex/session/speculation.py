@@ -3,8 +3,8 @@ ended, so that a patient turn detector still answers fast.
 
 Under semantic_vad, when a pause of the user's turn is long enough for its words to be asked about
 (``WORDS_AT_MS``), the session submits the request it would submit if the turn ended there (the
-history and the turn's audio so far) and a :class:`Speculation` streams it into a buffer. Nothing of it reaches
-the client or the history. Then either:
+history and the turn's audio so far) and a :class:`Speculation` streams it into a buffer. Nothing
+of it reaches the client or the history. Then either:
 
 - the turn ends in that pause: the session commits the turn as usual and a :class:`Response` adopts
   the speculation (``chunks``): what came so far is replayed in order, the rest streams through,
