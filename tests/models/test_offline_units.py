@@ -337,3 +337,54 @@ def test_a_question_is_heard_once_wherever_it_sits_in_the_clip(
     audio = natural_speech(question, 16000, before_s, after_s)
     heard = recognizer._transcriber.transcribe(audio, 16000)
     assert normalize(heard) == normalize(question), heard
+
+
+def test_a_sentence_ends_where_the_next_one_begins() -> None:
+    from pipeline.models.offline.lm import sentences_end
+
+    def first(text: str, count: int) -> str | None:
+        end = sentences_end(text, count)
+        return None if end is None else text[:end]
+
+    assert first("It is 3.5 m long. Yes it is. And", 1) == "It is 3.5 m long."
+    assert first("It is 3.5 m long. Yes it is. And", 2) == "It is 3.5 m long. Yes it is."
+    assert first("One! Two? Three", 2) == "One! Two?"
+    assert first('He said "go." Then', 1) == 'He said "go."'
+    # Nothing ends until the next sentence has begun: a final mark may be a decimal point yet.
+    assert first("It is 3.", 1) is None and first("Yes. ", 1) is None
+    # A list's items count one each; the line that opens the list runs on into its first item.
+    assert first("Try these:\n\n- Dune\n- Emma", 1) == "Try these:\n\n- Dune"
+    assert first("\nHello\nWorld", 1) == "\nHello"
+    assert first("Hi. There", 0) is None  # no limit
+
+
+def test_an_answer_ends_after_its_sentence_limit() -> None:
+    """The packaged SmolLM2 answers this in more than one sentence; limited to one, its answer is
+    the first of them, ended as an answer ends (finish_reason "stop")."""
+    from pipeline.models.offline.lm import LanguageModel
+
+    def answer(max_sentences: int) -> tuple[str, dict]:
+        stage = StageConfig(name="lm", runner="lm", scheduler="ar", max_new_tokens=64,
+                            terminal=True, options={"repetition_penalty": 1.1,
+                                                    "max_sentences": max_sentences})
+        runner = LanguageModel(StageContext(stage, {"lm": "packaged"}))
+        payload = StagePayload("r1", {"messages": [
+            {"role": "user", "text": "How do I make a cup of tea?"}]})
+        slot = ARSlot("r1", {}, runner.new_state(payload), cap=64, input_closed=True)
+        text = ""
+        while slot.steps < slot.cap:
+            (result,) = runner.step([slot])
+            slot.steps += 1
+            text += (result.data or {}).get("text", "")
+            if result.finished:
+                break
+        done = runner.finish(slot, capped=False)
+        runner.release(slot)
+        return text, done
+
+    whole, _ = answer(0)
+    first, done = answer(1)
+    assert whole.count(". ") >= 1, whole  # the model's own answer goes on past one sentence
+    assert whole.startswith(first) and len(first) < len(whole)
+    assert first.endswith(".") and first.count(".") == 1, first
+    assert done["finish_reason"] == "stop"

@@ -20,6 +20,12 @@ time, the next when the one before has had its first tokens, and a decoder past 
 yields the CPU to other answers' first clauses and to synthesis (``pacing.py``, the stage's
 ``pace_after_tokens`` and ``pace_tokens_per_s`` options; 0 tokens a second: none of this).
 
+An answer ends after the stage's ``max_sentences`` sentences (0: no limit), where a further one
+begins (:func:`sentences_end`). A voice agent should answer in a sentence or two, and a small
+model's instructions say so to no avail: SmolLM2 went on to 96 tokens of a list. Every sentence
+spoken is also prefilled again on each later turn (the conversation is prompted anew), so long
+answers make every later first token later.
+
 Per-request state: one ``Generation`` in the scheduler's ARSlot, from the request's arrival until
 ``release`` (end, failure or abort). Releasing sets the request's stop flag, which the callback
 returns to CTranslate2 at its next token, so the decoder stops within one token (a prefill in
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,6 +59,24 @@ DEFAULT_INSTRUCTIONS = (
     "English, without lists or markup."
 )
 _TOKEN_TIMEOUT_S = 60.0  # a decoder that produced nothing for this long is broken, not slow
+# A sentence ends at . ? or ! (and closing quotes or brackets) where the next one has begun: a
+# decimal point or a mark at the end of the text so far ends nothing yet.
+_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s+\S)")
+_LINE_BREAK = re.compile(r"[ \t]*\n\s*(?=\S)")
+
+
+def sentences_end(text: str, max_sentences: int) -> int | None:
+    """Where ``text`` ends after its first ``max_sentences`` sentences, once a further one has
+    begun; None while it has no more than that (or for no limit, 0). A line break ends a sentence
+    too (a list's items count one each), except after a colon: the line that opens a list runs on
+    into its first item."""
+    if max_sentences <= 0:
+        return None
+    ends = {m.end() for m in _SENTENCE_END.finditer(text)}
+    ends |= {m.start() for m in _LINE_BREAK.finditer(text)
+             if text[: m.start()].strip() and not text[: m.start()].endswith(":")}
+    ordered = sorted(ends)
+    return ordered[max_sentences - 1] if len(ordered) >= max_sentences else None
 
 
 @dataclass(eq=False)  # compared by identity: the runner finds it in its waiting list
@@ -96,6 +121,7 @@ class LanguageModel:
         self._instructions = str(options.get("default_instructions", DEFAULT_INSTRUCTIONS))
         self._max_prompt_tokens = int(options.get("max_prompt_tokens", 2048))
         self._repetition_penalty = float(options.get("repetition_penalty", 1.0))
+        self._max_sentences = int(options.get("max_sentences", 0))
         self._pacer = Pacer(int(options.get("pace_after_tokens", 16)),
                             float(options.get("pace_tokens_per_s", 0)))
         eos = self._tokenizer.eos_token_id
@@ -187,11 +213,16 @@ class LanguageModel:
             return ARStepResult(None, finished=True)
         state.ids.extend(int(step.token_id) for step in steps)
         state.ended = int(steps[-1].token_id) in self._end_ids
+        finished = bool(steps[-1].is_last)
         text = self._tokenizer.decode(state.ids, skip_special_tokens=True)
+        cut = sentences_end(text, self._max_sentences)
+        if cut is not None:  # a sentence past the limit began: the answer ends before it
+            text, finished, state.ended = text[:cut], True, True
+            state.stop.set()
         delta = ""
         if not text.endswith("\ufffd"):  # hold back a character whose bytes are not all here yet
             delta, state.text = text[len(state.text) :], text
-        return ARStepResult({"text": delta} if delta else None, finished=bool(steps[-1].is_last))
+        return ARStepResult({"text": delta} if delta else None, finished=finished)
 
     def _start(self, slot: ARSlot) -> None:
         state: Generation = slot.state
