@@ -13,13 +13,9 @@ a function call (``function_call`` chunks of the model: name, argument deltas) a
 a response that made only a call has no message. ``response.create`` options (voice, modalities,
 caps, metadata, out of band) come in its :class:`ResponseSpec`.
 
-A call of a tool of an MCP server (``duplex.tools``) is the server's to run: an ``mcp_call`` item
-(``response.mcp_call_arguments.delta/done``), run once the model's answer ended
-(``response.mcp_call.in_progress``, then ``.completed`` or ``.failed``: a server that hangs or
-fails gives the item an ``error`` and the response still completes), its result then in the
-history; ``follow_up`` is then the response the session starts to answer it. A call that needs
-approval is an ``mcp_approval_request`` item instead, and nothing is called; a response that runs
-an approved call (``McpTools.take_approved``) generates nothing, it only runs the call.
+The call it makes (a function call for the client, or an MCP tool call the server runs once the
+model's answer ended, with ``follow_up`` the response that answers its result) is its
+:class:`~duplex.session.response_call.ResponseCall`'s.
 
 It talks to its session only through :class:`ResponseHost`; how the audio reaches the user (paced
 by the server or played by the client) is the AgentAudio's business, never the response's.
@@ -41,19 +37,17 @@ from duplex.media.playout import AgentAudio
 from duplex.protocol.events import (
     assistant_item,
     event,
-    function_call_item,
     item_added,
     new_id,
     response_object,
     usage_object,
 )
-from duplex.protocol.items import wire_item
 from duplex.protocol.response_create import ResponseSpec
 from duplex.session.conversation import Conversation
-from duplex.session.history import FunctionCall, Item, voiced_tokens
+from duplex.session.history import Item, voiced_tokens
 from duplex.session.model_pipeline import ModelPipeline
-from duplex.tools.mcp_items import McpApprovalRequest, McpCall, result_call
-from duplex.tools.mcp_session import McpTarget, McpTools
+from duplex.session.response_call import ResponseCall
+from duplex.tools.mcp_session import McpTools
 from pipeline.coordinator import PipelineError, PipelineOverloaded
 from pipeline.proto import OmniRequest, OutputChunk
 
@@ -120,11 +114,6 @@ class Response:
                                  if m.get("audio") is not None)
         self.text_deltas = 0
         self.model_usage: dict[str, Any] | None = None  # the model's token counts, when it reports them
-        self.call: Item | None = None  # the function call the model makes, once it starts one
-        # The MCP tools this response offers, by name; an approved MCP call it runs (no model).
-        self._targets = host.mcp.targets(spec.tools) if spec.tool_choice != "none" else {}
-        self._approved = host.mcp.take_approved() if conversation_id is not None else None
-        self.follow_up: ResponseSpec | None = None  # answers the MCP call this response ran
         # The output_index of each output item, given as it is announced: the message before its
         # first text or audio, the function call at its first piece.
         self._outputs: dict[str, int] = {}
@@ -140,11 +129,23 @@ class Response:
         # The answer tokens the text so far covers, where the model counts them (``text_tokens``).
         self._text_tokens: int | None = None
         self.log = logging.LoggerAdapter(log, {**log_extra, "request_id": self.request_id})
+        self._response_call = ResponseCall(host, self.id, item, spec, conversation_id, self._outputs,
+                                           self.log)
         # A speculative request's chunks (already submitted at a pause of the turn), or None.
-        self._adopted = _no_chunks() if self._approved is not None else chunks
+        self._adopted = _no_chunks() if self._response_call.approved is not None else chunks
         if self.speaks:
             host.audio.begin(self.id, item.id, spec.output_format)
         self._task = asyncio.get_running_loop().create_task(self._run(request, previous))
+
+    @property
+    def call(self) -> Item | None:
+        """The call item of the response, once the model started one."""
+        return self._response_call.item
+
+    @property
+    def follow_up(self) -> ResponseSpec | None:
+        """The response that answers the output of the MCP call this response ran."""
+        return self._response_call.follow_up
 
     @property
     def audio_ms(self) -> int:
@@ -173,10 +174,10 @@ class Response:
         status, error = "completed", None
         self._announce(previous)
         try:
-            if self._approved is not None:
-                self._start_approved(self._approved)
+            if self._response_call.approved is not None:
+                self._response_call.start_approved()
             await self._generate(request)
-            await self._run_mcp_call()
+            await self._response_call.run(self._until_cancelled, lambda: self.cancel_reason is not None)
         except PipelineOverloaded as err:
             status, error = "failed", {"type": "server_error", "code": "overloaded", "message": str(err)}
         except PipelineError as err:
@@ -236,8 +237,8 @@ class Response:
             self._text_tokens = (self._text_tokens or 0) + int(data["text_tokens"])
         if data.get("text"):
             self._on_text(data["text"])
-        if data.get("function_call"):
-            self._on_function_call(data["function_call"])
+        if data.get("function_call") and self.cancel_reason is None:
+            self._response_call.on_piece(data["function_call"])
         audio = data.get("audio")
         if self.speaks and audio is not None and len(audio):
             voiced = data.get("answer_tokens")
@@ -298,93 +299,6 @@ class Response:
         kind = "response.output_audio_transcript.delta" if self.speaks else "response.output_text.delta"
         self._send_part_event(kind, delta=text)
 
-    def _on_function_call(self, piece: dict[str, Any]) -> None:
-        """A piece of the model's function call: its name and an arguments delta. A call before any
-        text is the response's first output, in the message item's place in the conversation."""
-        if self.cancel_reason is not None:
-            return
-        send = self.host.send
-        if self.call is None:
-            name = str(piece["name"])
-            target = self._targets.get(name)
-            call: FunctionCall
-            if target is None:
-                call = FunctionCall(new_id("call"), name)
-            elif target.needs_approval:
-                call = McpApprovalRequest(new_id("call"), name, server_label=target.server_label)
-            else:
-                call = McpCall(new_id("call"), name, server_label=target.server_label)
-            self._add_call(Item(new_id("item"), "assistant", call=call))
-        assert self.call is not None and self.call.call is not None
-        call, delta = self.call.call, str(piece.get("arguments") or "")
-        call.arguments += delta
-        index = self._outputs[self.call.id]
-        if isinstance(call, McpCall):
-            send(event("response.mcp_call_arguments.delta", response_id=self.id, item_id=self.call.id,
-                       output_index=index, delta=delta))
-        elif not isinstance(call, McpApprovalRequest):  # a request is told whole, when it is done
-            send(event("response.function_call_arguments.delta", response_id=self.id,
-                       item_id=self.call.id, output_index=index, call_id=call.call_id, delta=delta))
-
-    def _add_call(self, item: Item) -> None:
-        """Announce the response's call item ``item``: first in its output, unless words came."""
-        self.call = item
-        self._outputs[item.id] = len(self._outputs)
-        call = item.call
-        if isinstance(call, McpCall | McpApprovalRequest):
-            wire = wire_item(item)
-        else:
-            assert call is not None
-            wire = function_call_item(item.id, call.call_id, call.name, "", "in_progress")
-        self.host.send(event("response.output_item.added", response_id=self.id,
-                             output_index=self._outputs[item.id], item=wire))
-        if self.conversation_id is not None:
-            if self.item.id not in self._outputs:
-                self.host.conversation.withdraw(self.item)  # the call comes first: it takes the place
-            for message in item_added(wire, self.host.conversation.add(item)):
-                self.host.send(message)
-
-    def _start_approved(self, item: Item) -> None:
-        """This response runs ``item``, an approved MCP call (its arguments are the request's)."""
-        call = item.call
-        assert isinstance(call, McpCall)
-        self._add_call(item)
-        self.host.send(event("response.mcp_call_arguments.delta", response_id=self.id, item_id=item.id,
-                             output_index=self._outputs[item.id], delta=call.arguments))
-
-    async def _run_mcp_call(self) -> None:
-        """Run the response's MCP call, if it made one (not one waiting for approval): its arguments
-        are done, it runs (given up if the response is cancelled), and its result joins the history."""
-        item = self.call
-        call = item.call if item is not None else None
-        if item is None or not isinstance(call, McpCall) or self.cancel_reason is not None:
-            return
-        send, index = self.host.send, self._outputs[item.id]
-        send(event("response.mcp_call_arguments.done", response_id=self.id, item_id=item.id,
-                   output_index=index, arguments=call.arguments))
-        send(event("response.mcp_call.in_progress", item_id=item.id, output_index=index))
-        target = self._targets.get(call.name) if self._approved is None else \
-            self.host.mcp.target(call.server_label, call.name)
-        outcome = await self._call(target, call)
-        if self.cancel_reason is not None:
-            call.error = {"type": "tool_execution_error", "message": "cancelled: the response was cancelled"}
-            return
-        call.result, call.error = outcome
-        send(event("response.mcp_call.completed" if call.error is None else "response.mcp_call.failed",
-                   item_id=item.id, output_index=index))
-        if self.conversation_id is not None and self.spec.input is None:
-            self.host.conversation.add(Item(new_id("item"), "user", call=result_call(call)))
-            self.follow_up = self.host.mcp.follow_up(self.spec)
-
-    async def _call(self, target: McpTarget | None, call: McpCall) -> tuple[str | None, dict[str, Any] | None]:
-        """The call's (output, error); given up when the response is cancelled."""
-        self.log.info("response %s: calls %s on MCP server %s", self.id, call.name, call.server_label)
-        task = asyncio.ensure_future(self.host.mcp.run(target, call))
-        await self._until_cancelled(task)
-        if not task.done() or task.cancelled():
-            return None, {"type": "tool_execution_error", "message": "cancelled"}
-        return task.result()
-
     def _finish_message(self, status: str) -> dict[str, Any]:
         """The message item's closing events; its final wire form."""
         text = self.item.transcript
@@ -400,26 +314,6 @@ class Response:
         if self.conversation_id is not None:
             self.host.send(event("conversation.item.done", item=item))
         return item
-
-    def _finish_call(self, status: str) -> dict[str, Any] | None:
-        """The function call item's closing events; its final wire form (None without a call)."""
-        if self.call is None or self.call.call is None:
-            return None
-        call, send, index = self.call.call, self.host.send, self._outputs[self.call.id]
-        if isinstance(call, McpCall | McpApprovalRequest):
-            wire = wire_item(self.call)
-            send(event("response.output_item.done", response_id=self.id, output_index=index, item=wire))
-            if self.conversation_id is not None:
-                send(event("conversation.item.done", item=wire))
-            return wire
-        send(event("response.function_call_arguments.done", response_id=self.id, item_id=self.call.id,
-                   output_index=index, call_id=call.call_id, name=call.name, arguments=call.arguments))
-        wire = function_call_item(self.call.id, call.call_id, call.name, call.arguments,
-                                  "completed" if status == "completed" else "incomplete")
-        send(event("response.output_item.done", response_id=self.id, output_index=index, item=wire))
-        if self.conversation_id is not None:
-            send(event("conversation.item.done", item=wire))
-        return wire
 
     def _on_audio(self, audio: np.ndarray, rate: int, spoken_text: str | None, voiced: int | None) -> None:
         if self.cancel_reason is not None:
@@ -456,13 +350,13 @@ class Response:
         outputs: dict[str, dict[str, Any]] = {}
         if self.item.id in self._outputs:  # not when only a function call came: no message, no audio
             outputs[self.item.id] = self._finish_message(status)
-        call = self._finish_call(status)
+        call = self._response_call.finish(status)
         if call is not None:
             outputs[call["id"]] = call
         output = [outputs[i] for i in sorted(outputs, key=self._outputs.__getitem__)]
         self.host.send(event("response.done", response=self._object(status, output, self._usage(), error)))
         if status != "completed":
-            self.follow_up = None
+            self._response_call.follow_up = None
         if self.conversation_id is not None:
             self.host.mcp.response_ended(called=self.follow_up is not None)
         if self.speaks:
