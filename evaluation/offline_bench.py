@@ -1,7 +1,7 @@
 """The offline model set (configs/offline.yaml) answering spoken questions, as the server runs it.
 
     python -m evaluation.offline_bench [--mode process|inproc] [--rounds 1]
-        [--set STAGE.OPTION=VALUE ...] [--name offline_bench] [--conversation]
+        [--set STAGE.OPTION=VALUE ...] [--name offline_bench] [--conversation] [--end-of-turn]
 
 Eight espeak-ng questions go through ``start_pipeline`` one after another (after one warm-up), each
 submitted the way the session does at its end-of-turn decision. Per request, from submit: the
@@ -15,7 +15,9 @@ the numbers can be read against them, and so is what Whisper hears of the answer
 against the answer text: how intelligible the synthesis is, clause seams included). ``--set``
 changes a stage of configs/offline.yaml for the run; ``--conversation`` asks the questions as one
 conversation, each after the ones before and their answers (the prompt grows as in a call) (``threads`` is the stage's own field, any
-other name one of its ``options``), to compare variants.
+other name one of its ``options``), to compare variants. ``--end-of-turn``: each request also asks
+whether its words are finished (``params["end_of_turn"]``), as semantic_vad's speculative answer
+begun at a pause does; the judgement comes with the transcript.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 RATE = 16000
-STAGES = ("asr", "lm", "tts")
+STAGES = ("asr", "judge", "lm", "tts")
 QUESTIONS = [
     "What is the capital of France?",
     "How many legs does a spider have?",
@@ -75,15 +77,19 @@ class Turn:
     audio: list[np.ndarray] = field(default_factory=list)  # the answer's speech, clause by clause
     rate: int = 0
     first_clause: str = ""
+    finished: float | None = None  # P(finished) of its words, where it was asked (--end-of-turn)
 
 
 async def ask(coordinator: Coordinator, rid: str, question: str,
-              history: list[dict[str, Any]] | None = None) -> Turn:
-    """``question`` spoken, after the conversation ``history`` (text messages), if any."""
+              history: list[dict[str, Any]] | None = None, end_of_turn: bool = False) -> Turn:
+    """``question`` spoken, after the conversation ``history`` (text messages), if any;
+    ``end_of_turn``: judged as well (module doc)."""
     turn = Turn(question)
     message = {"role": "user", "text": None, "audio": speech(question, RATE), "sample_rate": RATE}
-    request = OmniRequest(rid, {"messages": [*(history or []), message]},
-                          {"modalities": ["text", "audio"]})
+    params: dict[str, Any] = {"modalities": ["text", "audio"]}
+    if end_of_turn:
+        params["end_of_turn"] = True
+    request = OmniRequest(rid, {"messages": [*(history or []), message]}, params)
     text_times: list[tuple[float, int]] = []  # (arrival, length of the text so far)
     first_clause = ""
     start = time.perf_counter()
@@ -93,6 +99,8 @@ async def ask(coordinator: Coordinator, rid: str, question: str,
         if "input_transcript" in data:
             turn.transcript = data["input_transcript"]
             turn.times["transcript"] = now
+        if "input_end_of_turn" in data:
+            turn.finished = round(float(data["input_end_of_turn"]), 3)
         if data.get("text"):
             turn.times.setdefault("first_text", now)
             turn.text += data["text"]
@@ -145,7 +153,8 @@ def spoken_wer(turns: list[Turn]) -> list[float]:
             for t in turns]
 
 
-async def run(mode: str, rounds: int, changes: list[str], conversation: bool) -> dict[str, Any]:
+async def run(mode: str, rounds: int, changes: list[str], conversation: bool,
+              end_of_turn: bool) -> dict[str, Any]:
     config = parse_pipeline_config(configured(changes))
     await asyncio.to_thread(prepare_lm, lm_source("packaged"))
     started = time.perf_counter()
@@ -159,7 +168,7 @@ async def run(mode: str, rounds: int, changes: list[str], conversation: bool) ->
         history: list[dict[str, Any]] = []
         for r in range(rounds):
             for i, question in enumerate(QUESTIONS):
-                turns.append(await ask(coordinator, f"q{r}-{i}", question, history))
+                turns.append(await ask(coordinator, f"q{r}-{i}", question, history, end_of_turn))
                 if conversation:  # the next question continues this conversation
                     history += [{"role": "user", "text": turns[-1].transcript},
                                 {"role": "assistant", "text": turns[-1].text}]
@@ -177,6 +186,7 @@ async def run(mode: str, rounds: int, changes: list[str], conversation: bool) ->
         "mode": mode,
         "changes": changes,
         "conversation": conversation,
+        "end_of_turn": end_of_turn,
         "machine": machine(),
         "pipeline_start_s": round(start_s, 2),
         "phases_ms": {p: percentiles([t.times[p] for t in turns]) for p in PHASES},
@@ -203,6 +213,7 @@ async def run(mode: str, rounds: int, changes: list[str], conversation: bool) ->
                 "answer": t.text,
                 "audio_s": round(sum(len(a) for a in t.audio) / max(t.rate, 1), 2),
                 "first_clause": t.first_clause,
+                "end_of_turn": t.finished,
                 "spoken_wer": round(w, 3),
                 "ms": {k: round(v * 1000) for k, v in t.times.items()},
             }
@@ -243,8 +254,10 @@ def main() -> None:
     parser.add_argument("--name", default="offline_bench", help="results file name")
     parser.add_argument("--conversation", action="store_true",
                         help="one conversation: each question after the ones before and their answers")
+    parser.add_argument("--end-of-turn", action="store_true",
+                        help="each request also asks whether its words are finished")
     args = parser.parse_args()
-    results = asyncio.run(run(args.mode, args.rounds, args.set, args.conversation))
+    results = asyncio.run(run(args.mode, args.rounds, args.set, args.conversation, args.end_of_turn))
     rows = [[p, v["p50"], v["p90"]] for p, v in results["phases_ms"].items()]
     rows += [[p, v["p50"], v["p90"]] for p, v in results["derived_ms"].items()]
     print(format_table(["from submit / phase (ms)", "p50", "p90"], rows))

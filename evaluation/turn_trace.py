@@ -11,8 +11,8 @@ threshold without calling the model again (:mod:`evaluation.turn_eval` does).
 Given a recogniser (``hear``: the offline preset's Whisper tiny.en, as its speculative request
 would run it at that moment), each asked pause also gets the words of the turn so far, read by
 :func:`duplex.turns.transcript_cue.read_transcript` and, given a ``judge``, by the language model
-that the recognising stage runs beside it (``pipeline/models/offline/finished_text.py``); the
-recognition time then includes the judge's, as in the stage.
+of the offline preset's ``judge`` stage (``pipeline/models/offline/finished_text.py``); the
+recognition time then includes the judge's, as the words' arrival in the session does.
 
 Nothing here holds state between calls.
 """

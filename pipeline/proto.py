@@ -74,9 +74,9 @@ class OutputChunk:
     Well-known keys in ``data``: ``text`` (a text delta), ``audio`` (float32 mono samples),
     ``sample_rate`` (of ``audio``), ``token_ids``, ``usage``. ``final`` marks the stage's last chunk.
     A synthesis stage that knows which text an audio chunk voices says so (``spoken_text``); a
-    recognising stage gives the user's words (``input_transcript``) and, where asked
-    (``params["end_of_turn"]``), the probability that they are a finished turn
-    (``input_end_of_turn``); a model that calls a function gives the call in pieces as it writes
+    recognising stage (or one it feeds) gives the user's words (``input_transcript``) and, where
+    asked (``params["end_of_turn"]``), in the same chunk, the probability that they are a finished
+    turn (``input_end_of_turn``); a model that calls a function gives the call in pieces as it writes
     it (``function_call``: ``{"name", "arguments"}``, the name and a delta of the arguments).
     Models that count the answer in tokens say so, so that a barge-in keeps the same answer tokens
     in the model's state and in the conversation's text: ``text_tokens``, how many answer tokens a

@@ -79,4 +79,4 @@ async def test_words_arrive_while_the_user_speaks_and_nothing_is_left_in_flight(
     (completed,) = [e for e in events if e["type"] == COMPLETED]
     assert wer(SAID, completed["transcript"]) <= 0.2, completed["transcript"]
     assert "".join(delta for _, delta in deltas) == completed["transcript"], deltas
-    await wait_stages_idle(server, ["asr", "lm", "tts"])
+    await wait_stages_idle(server, ["asr", "judge", "lm", "tts"])

@@ -25,7 +25,7 @@ from harness.wer import wer
 from pipeline.models.offline.asr import Transcriber
 from pipeline.models.offline.sources import asr_model_dir
 
-STAGES = ["asr", "lm", "tts"]
+STAGES = ["asr", "judge", "lm", "tts"]
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ async def test_spoken_question_is_transcribed_before_the_answer(coordinator: Coo
     question = "What is the capital of Japan?"
     chunks = (await collect(coordinator, spoken(question, modalities=["text"]), timeout=60)).chunks
     carrying = [i for i, c in enumerate(chunks) if "input_transcript" in c.data]
-    assert len(carrying) == 1 and chunks[carrying[0]].stage == "asr"
+    assert len(carrying) == 1 and chunks[carrying[0]].stage == "judge"
     first_text = next(i for i, c in enumerate(chunks) if c.data.get("text"))
     assert carrying[0] < first_text
     assert wer(question, chunks[carrying[0]].data["input_transcript"]) <= 0.2
@@ -148,3 +148,40 @@ async def test_abort_mid_answer_clears_every_stage(coordinator: Coordinator) -> 
     ).chunks
     assert "tokyo" in normalize(texts(chunks, "text"))
     await wait_clear(coordinator)
+
+
+async def test_the_answer_does_not_wait_for_the_judgement_of_the_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A speculative request (``end_of_turn``): the words go to the LM and to the judge at once.
+    Here the judge holds its judgement until the LM has written its first text (inproc: the stages
+    are threads of this process), so a judge on the LM's path would hold the answer instead."""
+    import threading
+
+    from pipeline.models.offline.finished_text import FinishedText
+    from pipeline.models.offline.lm import LanguageModel
+
+    answered = threading.Event()
+    step_one, probability = LanguageModel._step_one, FinishedText.probability
+
+    def noting_text(self, slot):
+        result = step_one(self, slot)
+        if result.data and result.data.get("text"):
+            answered.set()
+        return result
+
+    def after_the_answer(self, transcript, context=None):
+        assert answered.wait(30), "the LM wrote nothing while the words were being judged"
+        return probability(self, transcript, context)
+
+    monkeypatch.setattr(LanguageModel, "_step_one", noting_text)
+    monkeypatch.setattr(FinishedText, "probability", after_the_answer)
+    await asyncio.to_thread(prepare_lm, lm_source("packaged"))
+    async with running(CONFIG, "inproc") as coordinator:
+        request = spoken("What is the capital of Japan?", modalities=["text"], end_of_turn=True)
+        chunks = (await collect(coordinator, request, timeout=90)).chunks
+    judged = [i for i, c in enumerate(chunks) if "input_end_of_turn" in c.data]
+    first_text = next(i for i, c in enumerate(chunks) if c.data.get("text"))
+    assert len(judged) == 1 and first_text < judged[0]
+    assert 0.0 <= chunks[judged[0]].data["input_end_of_turn"] <= 1.0
+    assert "tokyo" in normalize(texts(chunks, "text"))

@@ -144,17 +144,26 @@ def test_the_text_judge_hears_finished_words_not_a_phrase_that_goes_on(judge) ->
     assert judge.probability("Yes.", "Shall I book it?") != judge.probability("Yes.")
 
 
-def test_the_recognizer_judges_the_words_only_when_the_request_asks(
-    recognizer, judge, monkeypatch: pytest.MonkeyPatch
+def test_the_judge_stage_reports_the_transcript_and_judges_only_when_the_request_asks(
+    judge, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(recognizer, "_transcriber", _FakeTranscriber())
-    monkeypatch.setattr(recognizer, "_judge", judge)
-    audio = np.zeros(1600, np.float32)
-    turn = [{"role": "assistant", "text": "Where to?"},
-            {"role": "user", "text": None, "audio": audio, "sample_rate": 16000}]
-    assert "input_end_of_turn" not in _run(recognizer, turn)
-    out = _run(recognizer, turn, {"end_of_turn": True})
-    assert out["input_end_of_turn"] == judge.probability(out["input_transcript"], "Where to?")
+    from pipeline.models.offline.finished_text import TurnJudge
+
+    runner = TurnJudge.__new__(TurnJudge)  # the packaged judge of the module, not another copy
+    monkeypatch.setattr(runner, "_judge", judge, raising=False)
+    heard = {"messages": [{"role": "assistant", "text": "Where to?"},
+                          {"role": "user", "text": "Boston."}], "input_transcript": "Boston."}
+
+    def run(data: dict, params: dict | None = None) -> dict:
+        (out,) = runner.run([BatchItem(StagePayload("r1", data, params or {}), final=True)])
+        return out
+
+    assert run(heard) == {"input_transcript": "Boston."}
+    # Judged after the assistant's last words: "Boston." answers "Where to?".
+    assert run(heard, {"end_of_turn": True}) == {
+        "input_transcript": "Boston.", "input_end_of_turn": judge.probability("Boston.", "Where to?")}
+    # A turn that came as text has no transcript to report, and nothing is judged.
+    assert run({"messages": heard["messages"]}, {"end_of_turn": True}) == {}
 
 
 def test_only_user_audio_without_text_is_transcribed(

@@ -2,11 +2,15 @@
 
 Stages (runner names; ``configs/offline.yaml`` wires them):
 
-    asr (transcript terminal) --next--> lm (text terminal) --stream_to--> tts (audio terminal)
+    asr --next--> lm (text terminal) --stream_to--> tts (audio terminal)
+        --next--> judge (transcript terminal)
 
 - ``asr`` (simple, entry): faster-whisper (Whisper tiny.en, CTranslate2 int8) transcribes the user
-  messages that came as audio; passes on the conversation as text, and its ``input_transcript``
-  goes to the session at once (``asr.py``).
+  messages that came as audio; passes on the conversation as text (``asr.py``) to ``lm`` and
+  ``judge`` at once.
+- ``judge`` (simple): reports the ``input_transcript`` to the session as soon as it is recognised
+  and, for requests that ask, whether its words read as finished: a second copy of the LM
+  (``finished_text.py``), beside the ``lm`` stage's prefill.
 - ``lm`` (ar): SmolLM2-135M-Instruct on CTranslate2 int8, the model's chat template over the
   conversation and the request's system instructions; streams ``{"text": delta}`` as tokens come
   (``lm.py``); several answers decode side by side, their first clauses first (``pacing.py``).
@@ -41,6 +45,12 @@ def make_asr(ctx: StageContext) -> Any:
     return Recognizer(ctx)
 
 
+def make_judge(ctx: StageContext) -> Any:
+    from pipeline.models.offline.finished_text import TurnJudge
+
+    return TurnJudge(ctx)
+
+
 def make_lm(ctx: StageContext) -> Any:
     from pipeline.models.offline.lm import LanguageModel
 
@@ -56,7 +66,7 @@ def make_tts(ctx: StageContext) -> Any:
 SPEC = register(
     ModelSpec(
         name="offline",
-        factories={"asr": make_asr, "lm": make_lm, "tts": make_tts},
+        factories={"asr": make_asr, "judge": make_judge, "lm": make_lm, "tts": make_tts},
         output_sample_rate=OUTPUT_SAMPLE_RATE,
     )
 )

@@ -5,18 +5,16 @@ nor a ``transcript`` into text (normally only the last one: the session keeps tr
 history); the clips of every request in a batch are recognised together (``transcribe_all``).
 It passes on text only, so nothing large travels further: ``{"messages": [{"role",
 "text"}], "input_transcript"}``, where ``input_transcript`` is the recognised text of the last
-message, left out when that message came as text. The stage is a terminal too, so the transcript
-reaches the session as soon as it is recognised, whatever the ``lm`` stage is busy with. Stateless: nothing is kept between items
-(``simple`` scheduler).
+message, left out when that message came as text. It goes to the ``lm`` stage and, at the same
+moment, to the ``judge`` stage (``finished_text.py``), which reports the transcript to the session
+(with its judgement of the words, where the request asked), whatever the ``lm`` stage is busy
+with. Stateless: nothing is kept between items (``simple`` scheduler).
 
 :class:`TurnTranscriber` is the same recogniser as a stage beside a model that hears audio but
 does not write down what it heard (Qwen3-Omni's ``transcribe`` stage): it transcribes the clip
-its feeder hands it (``transcribe_audio``, 16 kHz) and answers ``{"input_transcript": text}``.
-
-Both judge the words too where the stage's ``finished_text`` option names a language model and
-the request asks (``params["end_of_turn"]``: semantic_vad's speculative answer, begun at a pause
-of a turn that may go on): ``input_end_of_turn`` is then P(the turn is finished) from the words
-(``finished_text.py``), for the session's turn detector.
+its feeder hands it (``transcribe_audio``, 16 kHz) and answers ``{"input_transcript": text}``,
+judged too where the stage's ``finished_text`` option names a language model and the request
+asks (``finished_text.judged``).
 """
 
 from __future__ import annotations
@@ -26,16 +24,14 @@ import re
 import zlib
 from math import gcd
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from pipeline.models import StageContext
+from pipeline.models.offline.finished_text import finished_text_judge, judged
 from pipeline.models.offline.sources import asr_model_dir
 from pipeline.scheduling.base import BatchItem, RequestError
-
-if TYPE_CHECKING:
-    from pipeline.models.offline.finished_text import FinishedText
 
 log = logging.getLogger(__name__)
 
@@ -197,26 +193,6 @@ def _says_a_run_twice(text: str) -> bool:
     return len(set(runs)) < len(runs)
 
 
-def finished_text_judge(ctx: StageContext) -> FinishedText | None:
-    """The stage's text end-of-turn judge, where its ``finished_text`` option names a language
-    model (``packaged``, a GGUF file or a Hugging Face folder: as the offline ``lm``'s)."""
-    choice = ctx.stage.options.get("finished_text")
-    if choice is None:
-        return None
-    from pipeline.models.offline.finished_text import FinishedText
-
-    return FinishedText(str(choice))
-
-
-def judged(params: dict[str, Any], judge: FinishedText | None, transcript: str,
-           context: str | None) -> dict[str, float]:
-    """``{"input_end_of_turn": P(finished)}`` for a request that asks (``params["end_of_turn"]``:
-    a turn that may not have ended yet, a speculative answer's) where the stage has a judge."""
-    if judge is None or not params.get("end_of_turn"):
-        return {}
-    return {"input_end_of_turn": judge.probability(transcript, context)}
-
-
 class Recognizer:
     """The ``asr`` stage's BatchRunner: the batch's clips are recognised in one
     ``transcribe_all``, then each item's conversation is passed on as text."""
@@ -226,7 +202,6 @@ class Recognizer:
         self._transcriber = Transcriber(
             asr_model_dir(str(ctx.model_args.get("asr", "packaged"))), threads=ctx.stage.threads
         )
-        self._judge = finished_text_judge(ctx)
 
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
         # A bad request raises before anything is recognised: the scheduler then reruns the
@@ -240,8 +215,7 @@ class Recognizer:
             audio, rate = wanted[b][index]
             log.info("request %s: message %d transcribed (%.1f s): %r",
                      batch[b].payload.request_id, index, audio.size / rate, text)
-        return [self._prepare(item.payload.request_id, item.payload.data["messages"],
-                              item.payload.params, said)
+        return [self._prepare(item.payload.request_id, item.payload.data["messages"], said)
                 for item, said in zip(batch, heard, strict=True)]
 
     def _clips(self, rid: str, inputs: dict[str, Any]) -> dict[int, Clip]:
@@ -274,7 +248,7 @@ class Recognizer:
             )
         return audio, rate
 
-    def _prepare(self, rid: str, messages: list[dict[str, Any]], params: dict[str, Any],
+    def _prepare(self, rid: str, messages: list[dict[str, Any]],
                  heard: dict[int, str]) -> dict[str, Any]:
         """The item's output, given the text ``heard`` in its clips (by message index)."""
         out: list[dict[str, str]] = []
@@ -285,14 +259,11 @@ class Recognizer:
                     raise RequestError(rid, "the last message has neither text nor audio to answer")
                 continue  # e.g. an assistant turn that was audio only: nothing to show the LM
             out.append({"role": message["role"], "text": str(text)})
-        # Only a turn heard as audio has a transcript to report (this stage is a terminal too).
+        # Only a turn heard as audio has a transcript to report (the judge stage reports it).
         transcript = heard.get(len(messages) - 1)
         if transcript is None:
             return {"messages": out}
-        # The user answers the assistant's last words: "Yes." ends a turn after a question.
-        context = next((m["text"] for m in reversed(out[:-1]) if m["role"] == "assistant"), None)
-        return {"messages": out, "input_transcript": transcript,
-                **judged(params, self._judge, transcript, context)}
+        return {"messages": out, "input_transcript": transcript}
 
 
 def _text_of(message: dict[str, Any]) -> Any:
