@@ -22,6 +22,7 @@ class ScriptedPipeline:
 
     ready = True
     output_sample_rate = RATE
+    input_modalities = ("text", "audio")
 
     def __init__(self) -> None:
         self.requests: list[OmniRequest] = []

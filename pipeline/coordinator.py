@@ -66,9 +66,11 @@ class Coordinator(CoordinatorFaults):
     ``shutdown_hook`` (set by the runner) stops stage processes or tasks when the coordinator closes.
     """
 
-    def __init__(self, config: PipelineConfig, endpoint: Endpoint, output_sample_rate: int | None) -> None:
+    def __init__(self, config: PipelineConfig, endpoint: Endpoint, output_sample_rate: int | None,
+                 input_modalities: tuple[str, ...] = ("text", "audio")) -> None:
         self.config = config
         self.output_sample_rate = output_sample_rate
+        self.input_modalities = input_modalities  # the model's (its ModelSpec's)
         self._endpoint = endpoint
         self._stages = [s.name for s in config.stages]
         self._flights: dict[str, Flight] = {}

@@ -70,7 +70,8 @@ async def start_pipeline(
 
 async def _start_inproc(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
     hub = InprocHub()
-    coordinator = Coordinator(config, hub.endpoint(COORDINATOR), spec.output_sample_rate)
+    coordinator = Coordinator(config, hub.endpoint(COORDINATOR), spec.output_sample_rate,
+                              spec.input_modalities)
     coordinator.start()
     tasks: list[asyncio.Task[None]] = []
 
@@ -100,7 +101,8 @@ async def _start_inproc(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
 def _start_processes(config: PipelineConfig, spec: ModelSpec) -> Coordinator:
     directory = Path(tempfile.mkdtemp(prefix="duplex-ipc-"))
     coordinator = Coordinator(
-        config, ZmqEndpoint(COORDINATOR, directory, config.shm_threshold_bytes), spec.output_sample_rate
+        config, ZmqEndpoint(COORDINATOR, directory, config.shm_threshold_bytes), spec.output_sample_rate,
+        spec.input_modalities,
     )
     coordinator.start()
     supervisor = ProcessSupervisor(config, coordinator, serve_stage_group, (str(directory), spec))
@@ -121,7 +123,8 @@ async def _start_ray(config: PipelineConfig, spec: ModelSpec, ready_timeout: flo
 
     handles = await asyncio.to_thread(find_or_create_stages, config)
     supervisor = RaySupervisor(config, handles)
-    coordinator = Coordinator(config, supervisor.endpoint, spec.output_sample_rate)
+    coordinator = Coordinator(config, supervisor.endpoint, spec.output_sample_rate,
+                              spec.input_modalities)
     coordinator.shutdown_hook = supervisor.stop
     coordinator.start()
     supervisor.start(coordinator)

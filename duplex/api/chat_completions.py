@@ -243,7 +243,7 @@ async def chat_completions(request: Request) -> Response:
             else await asyncio.to_thread(json.loads, body)
     except (ValueError, RecursionError):
         raise APIError(400, "the request body is not valid JSON", "invalid_json") from None
-    chat = parse_request(payload, state.settings.voices)
+    chat = parse_request(payload, state.settings.voices, pipeline.input_modalities)
     # Each client address is one owner of the pipeline's fair share (pipeline/admission.py): one
     # client's flood of completions fails that client, not a session's turn.
     owner = f"chat:{limit_key(request.client)}"

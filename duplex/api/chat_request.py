@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from duplex.api.errors import APIError
 from duplex.media.resample import Resampler
+from duplex.protocol.modalities import CODE, not_taken
 
 MODEL_RATE = 16000
 
@@ -44,6 +45,16 @@ class AudioPart(_Strict):
     input_audio: InputAudio
 
 
+class ImageUrl(_Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class AudioRef(BaseModel):
     id: str
 
@@ -52,7 +63,8 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")  # name, refusal, ... carry nothing for the model
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[Annotated[TextPart | AudioPart, Field(discriminator="type")]] | None = None
+    content: str | list[Annotated[TextPart | AudioPart | ImagePart,
+                                  Field(discriminator="type")]] | None = None
     audio: AudioRef | None = None
 
 
@@ -115,8 +127,9 @@ def _bad(message: str, param: str | None, code: str = "invalid_value") -> APIErr
     return APIError(400, message, code, param=param)
 
 
-def parse_request(body: Any, voices: list[str]) -> ChatRequest:
-    """The validated request; raises APIError 400 naming the offending parameter."""
+def parse_request(body: Any, voices: list[str], inputs: tuple[str, ...]) -> ChatRequest:
+    """The validated request, for a model that takes ``inputs`` (its input modalities); raises
+    APIError 400 naming the offending parameter."""
     try:
         request = ChatRequest.model_validate(body)
     except ValidationError as err:
@@ -131,7 +144,24 @@ def parse_request(body: Any, voices: list[str]) -> ChatRequest:
             raise _bad(f"unknown voice {request.audio.voice!r} (voices: {voices})", "audio.voice")
         if request.stream and request.audio.format != "pcm16":
             raise _bad("streamed audio must use format 'pcm16'", "audio.format")
+    _check_images(request, inputs)
     return request
+
+
+def _check_images(request: ChatRequest, inputs: tuple[str, ...]) -> None:
+    """``image_url`` parts: refused where the model does not see, and a remote URL always (the
+    server fetches nothing on a client's behalf: only ``data:`` URLs)."""
+    for i, message in enumerate(request.messages):
+        parts = message.content if isinstance(message.content, list) else []
+        for j, part in enumerate(parts):
+            if not isinstance(part, ImagePart):
+                continue
+            param = f"messages.{i}.content.{j}"
+            if "image" not in inputs:
+                raise _bad(not_taken("image", inputs), param, CODE)
+            if not part.image_url.url.startswith("data:"):
+                raise _bad("remote image URLs are not fetched: send the image as a data URL",
+                           f"{param}.image_url.url")
 
 
 def _decode_audio(part: InputAudio, param: str, max_seconds: float) -> np.ndarray:
@@ -172,6 +202,7 @@ def model_messages(request: ChatRequest, max_audio_s: float) -> list[dict[str, A
         parts = [TextPart(type="text", text=message.content)] if isinstance(message.content, str) \
             else message.content or []
         for j, part in enumerate(parts):
+            assert not isinstance(part, ImagePart), "parse_request refused it: no model sees yet"
             if isinstance(part, TextPart):
                 texts.append(part.text)
             elif message.role != "user":

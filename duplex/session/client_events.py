@@ -26,6 +26,7 @@ import numpy as np
 from duplex.media.offloop import off_loop
 from duplex.protocol.events import RealtimeError, error_event, event, new_id
 from duplex.protocol.items import wire_item
+from duplex.protocol.modalities import CODE, not_taken
 from duplex.protocol.response_create import response_spec
 from duplex.protocol.session_update import apply_session_update
 from duplex.protocol.wire_audio import AudioFormatError, InboundDecoder, wire_seconds
@@ -276,6 +277,9 @@ class ClientEvents:
                 texts.append(_field(part, "text", str))
             elif kind == "input_audio" and role == "user":
                 audio.append(_field(part, "audio", str))
+            elif kind == "input_image" and "image" not in self.session.pipeline.input_modalities:
+                raise RealtimeError(not_taken("image", self.session.pipeline.input_modalities),
+                                    code=CODE, param=f"{param}.content")
             else:
                 raise RealtimeError(f"content type {kind!r} is not supported for {role}",
                                     param=f"{param}.content.type")

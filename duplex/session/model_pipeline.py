@@ -21,6 +21,10 @@ class ModelPipeline(Protocol):
     def output_sample_rate(self) -> int | None:
         """The sample rate of the audio chunks the pipeline yields."""
 
+    @property
+    def input_modalities(self) -> tuple[str, ...]:
+        """What the model takes in a request's messages ("text", "audio", ...)."""
+
     def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
         """Submit ``request`` and yield its output chunks; raises ``PipelineError`` (a stage failed
         it) or ``PipelineOverloaded``; leaving early aborts the request."""

@@ -36,6 +36,10 @@ class ModelSpec:
     factories: Mapping[str, StageFactory]
     merges: Mapping[str, MergeFn] = field(default_factory=dict)
     output_sample_rate: int | None = None
+    # What a request may carry in its messages ("text", "audio", "image", "video"): the server
+    # refuses the rest with an error that names these, and lists them in /v1/models.
+    input_modalities: tuple[str, ...] = ("text", "audio")
+    output_modalities: tuple[str, ...] = ("text", "audio")
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
