@@ -42,6 +42,9 @@ class ResponseSpec:
     metadata: dict[str, str] | None = None
     out_of_band: bool = False
     input: tuple[dict[str, Any], ...] | None = None
+    # The words the answer must be (the session's own lines: a check-in, a closing line), for
+    # models that can speak given text (``params["say"]``); the instructions say so to the rest.
+    say: str | None = None
 
     @property
     def speaks(self) -> bool:

@@ -14,9 +14,11 @@ when the caller goes quiet, and the longest a call may last.
 - Longest call (``max_call_s``, or a call's own shorter :meth:`Idle.limit_call`): the response
   in flight is cancelled, the agent says ``closing_text``, and the call is hung up.
 
-Ending a call: the closing line is a response whose instructions say to speak that text; once its
-``response.done`` went out (its audio played, or cut by the caller), :attr:`Idle.hang_up` ends the
-call on its transport (the binding sets it: a BYE, a WebSocket close, the peer's close).
+The agent's own lines (a check-in, a goodbye, a closing line) are responses whose instructions say
+to speak that text and whose request gives it (``params["say"]``): a model that speaks given
+words (the offline preset's) says it exactly; others are asked to. Ending a call: once the closing
+line's ``response.done`` went out (its audio played, or cut by the caller), :attr:`Idle.hang_up`
+ends the call on its transport (the binding sets it: a BYE, a WebSocket close, the peer's close).
 
 Time: the silence and the call's length run on audio time (the position of the caller's stream,
 like every turn decision), so the same audio gives the same decisions. Where the binding started
@@ -202,7 +204,8 @@ class Idle:
     def _say(self, text: str) -> Response | None:
         host = self._host
         spec = ResponseSpec.of_session(host.config)
-        host.start_response(spec=replace(spec, instructions=say_exactly(spec.instructions, text)))
+        host.start_response(spec=replace(spec, instructions=say_exactly(spec.instructions, text),
+                                         say=text))
         return host.response
 
     # --- the end of a call --------------------------------------------------------------------

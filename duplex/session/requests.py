@@ -54,6 +54,8 @@ class RequestBuilder:
             # Presets whose model does not transcribe run their recogniser only when asked: for
             # the client, or for semantic_vad's words cue.
             params["transcribe"] = True
+        if spec.say is not None:
+            params["say"] = spec.say
         return params
 
     def request(self, config: SessionConfig, spec: ResponseSpec, input_items: list[Item] | None,

@@ -185,3 +185,21 @@ async def test_the_answer_does_not_wait_for_the_judgement_of_the_words(
     assert len(judged) == 1 and first_text < judged[0]
     assert 0.0 <= chunks[judged[0]].data["input_end_of_turn"] <= 1.0
     assert "tokyo" in normalize(texts(chunks, "text"))
+
+
+async def test_a_line_the_session_gives_is_said_word_for_word(
+    coordinator: Coordinator, transcriber: Transcriber
+) -> None:
+    """``params["say"]`` (a check-in, a closing line): the answer is those words, not the small
+    model's own (asked in instructions to repeat a line, SmolLM2 repeated its last answer)."""
+    line = "Are you still there? I can wait a little longer."
+    history = [{"role": "user", "text": "What is the capital of Japan?"},
+               {"role": "assistant", "text": "The capital of Japan is Tokyo."},
+               {"role": "user", "text": "..."}]
+    request = OmniRequest(f"offline-{next(_ids)}", {"messages": history},
+                          {"modalities": ["text", "audio"], "say": line})
+    chunks = (await collect(coordinator, request, timeout=60)).chunks
+    assert texts(chunks, "text") == line
+    audio = np.concatenate([c.data["audio"] for c in chunks if "audio" in c.data])
+    heard = await asyncio.to_thread(transcriber.transcribe, audio, 22050)
+    assert wer(line, heard) <= 0.2, heard

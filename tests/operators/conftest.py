@@ -40,6 +40,10 @@ class SpyPipeline:
         self.requests.append(request)
         return self.inner.stream(request)
 
+    def said(self) -> list[str | None]:
+        """Each request's ``say`` (the words its answer must be), in order."""
+        return [r.params.get("say") for r in self.requests]
+
     def instructions(self) -> list[str]:
         """Each request's system text, in order."""
         return [" ".join(m["text"] or "" for m in r.inputs["messages"] if m["role"] == "system")

@@ -97,10 +97,12 @@ async def test_an_answered_check_in_keeps_the_call(make_pipeline) -> None:
     await silence_until(h, lambda: "response.done" in h.types(), 400)
     assert count(h, "input_audio_buffer.timeout_triggered") == 1
     assert 'say exactly this, and nothing more: "Hello, anybody there?"' in pipeline.instructions()[-1]
+    assert pipeline.said() == ["Hello, anybody there?"]  # for models that speak given words
     # The caller answers the check-in, and is answered.
     await h.feed(speech(ANSWER, 16000, 0.3, 0.0))
     await silence_until(h, lambda: count(h, "response.done") == 2, 400)
     assert "Hello, anybody there?" not in pipeline.instructions()[-1]
+    assert pipeline.said()[-1] is None
     # Silent again: another check-in, not the end of the call (the answer reset the count).
     await silence_until(h, lambda: count(h, "input_audio_buffer.timeout_triggered") == 2, 400)
     await silence_until(h, lambda: count(h, "response.done") == 3, 400)
@@ -141,6 +143,7 @@ async def test_longest_call_cancels_says_the_closing_line_then_hangs_up(make_pip
     first, closing = [e["response"] for e in h.events if e["type"] == "response.done"]
     assert first["status"] == "cancelled"
     assert "Time is up, goodbye." in pipeline.instructions()[-1]
+    assert pipeline.said()[-1] == "Time is up, goodbye."
     await silence_until(h, lambda: hangups, 50)
     # The closing line was played in full (its response.done comes after its last frame), then
     # the hang-up.

@@ -20,6 +20,10 @@ time, the next when the one before has had its first tokens, and a decoder past 
 yields the CPU to other answers' first clauses and to synthesis (``pacing.py``, the stage's
 ``pace_after_tokens`` and ``pace_tokens_per_s`` options; 0 tokens a second: none of this).
 
+A request that says what the answer is (``params["say"]``: the session's own lines, a check-in or
+a closing line, which a small model asked to repeat would not) is answered with those words in one
+step, nothing decoded: the ``tts`` stage speaks them as given.
+
 An answer ends after the stage's ``max_sentences`` sentences (0: no limit), where a further one
 begins (:func:`sentences_end`). A voice agent should answer in a sentence or two, and a small
 model's instructions say so to no avail: SmolLM2 went on to 96 tokens of a list. Every sentence
@@ -91,6 +95,7 @@ class Generation:
     text: str = ""
     ended: bool = False  # an end token came (rather than the cap)
     paced: bool = False  # its answer is spoken: its decoder keeps to the stage's pace
+    said: str | None = None  # the words the answer must be (``params["say"]``): nothing is decoded
     ticket: Ticket | None = None  # its place in the pacer, from its start until it ends
 
 
@@ -135,6 +140,10 @@ class LanguageModel:
         messages = payload.data.get("messages") or []
         if not messages:
             raise RequestError(payload.request_id, "no message to answer")
+        said = payload.params.get("say")
+        if said is not None:
+            log.info("request %s: says %d given characters", payload.request_id, len(str(said)))
+            return Generation([], said=str(said))
         ids = self._prompt_ids(payload.request_id, messages)
         log.info("request %s: prompt of %d tokens", payload.request_id, len(ids))
         modalities = payload.params.get("modalities") or ["text", "audio"]
@@ -201,13 +210,16 @@ class LanguageModel:
 
     def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
         for slot in slots:
-            if slot.state.job is None:
+            if slot.state.job is None and slot.state.said is None:
                 self._start(slot)  # every new request's job first: they decode side by side
         return [self._step_one(slot) for slot in slots]
 
     def _step_one(self, slot: ARSlot) -> ARStepResult:
         """The request's next token and the others its job has queued meanwhile."""
         state: Generation = slot.state
+        if state.said is not None:  # the whole answer in one step, as given
+            state.text, state.ended = state.said, True
+            return ARStepResult({"text": state.said} if state.said else None, finished=True)
         steps = self._next_steps(slot)
         if not steps:
             return ARStepResult(None, finished=True)
