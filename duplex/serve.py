@@ -31,7 +31,9 @@ from duplex.origin_guard import AllowedHosts, OriginGuard
 from duplex.registry import SessionRegistry
 from duplex.settings import Preset, load_preset
 from duplex.transports.sip.agent import SipAgent
+from duplex.transports.sip.ringing import RingingCalls
 from duplex.transports.sip.server import SipConfig, SipServer
+from duplex.transports.sip.webhook import CallWebhook
 from duplex.transports.webrtc.ice import IcePolicy, parse_ice_server
 from pipeline.config import ConfigError
 from pipeline.runner import start_pipeline
@@ -77,11 +79,14 @@ async def _load_pipeline(state: AppState) -> None:
           flush=True)
 
 
-def _sip_server(state: AppState) -> SipServer | None:
+def _sip_server(app: FastAPI) -> SipServer | None:
+    state: AppState = app.state.duplex
     settings = state.settings
     if settings.sip_port is None:
         return None
-    agent = SipAgent(settings, state.registry, state.serving_pipeline, settings.preset)
+    agent = SipAgent(settings, state.registry, state.serving_pipeline, settings.preset,
+                     app.state.ringing_calls)
+    app.state.sip_agent = agent  # the call API's way to the live SIP calls (/refer)
     return SipServer(agent, SipConfig(
         host=settings.host, port=settings.sip_port, allow=settings.sip_allow,
         rtp_ports=settings.rtp_port_range, advertise=settings.sip_advertise,
@@ -93,16 +98,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: AppState = app.state.duplex
     loader = asyncio.create_task(_load_pipeline(state))
     lag = asyncio.create_task(sample_lag())
-    sip = _sip_server(state)
+    ringing: RingingCalls | None = app.state.ringing_calls
+    sip = _sip_server(app)
     if sip is not None:
         await sip.start()
         log.info("SIP on udp %s:%d (peers allowed: %s)", state.settings.host, sip.port,
                  state.settings.sip_allow or "loopback only")
+        if ringing is not None:
+            log.info("incoming calls ring until %s decides (%.0f s at most)",
+                     ringing.webhook.url, ringing.timeout_s)
     try:
         yield
     finally:
         if sip is not None:
             await sip.close()
+        if ringing is not None:
+            await ringing.webhook.close()
         await state.registry.close_all()
         loader.cancel()
         lag.cancel()
@@ -116,6 +127,14 @@ def create_app(preset: Preset, policy: IcePolicy) -> FastAPI:
     settings = preset.settings
     app = FastAPI(title="duplex", lifespan=_lifespan, exception_handlers=HANDLERS)
     app.state.duplex = AppState(preset, SessionRegistry(settings.max_sessions), policy)
+    # SIP calls ringing while the --call-webhook app decides (the call API's accept/reject).
+    app.state.ringing_calls = None
+    app.state.sip_agent = None  # set while the SIP server runs
+    if settings.call_webhook and settings.call_webhook_secret:
+        app.state.ringing_calls = RingingCalls(
+            CallWebhook(settings.call_webhook, settings.call_webhook_secret,
+                        settings.call_decision_timeout_s),
+            settings.call_decision_timeout_s)
     for router in routers():
         app.include_router(router)
     app.mount("/", StaticFiles(directory=WEB_CLIENT, html=True), name="web_client")
@@ -138,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, ValueError, OSError) as err:
         print(f"duplex: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    hide_secrets(settings.api_key, settings.twilio_auth_token,
+    hide_secrets(settings.api_key, settings.twilio_auth_token, settings.call_webhook_secret,
                  *(server.credential for server in policy.servers))
     log.info("preset %s: %s", settings.preset, preset.description or "(no description)")
     if settings.record_dir is not None:

@@ -116,9 +116,24 @@ class ServerSettings(BaseModel):
     # One stereo WAV and one JSON-lines log per call in this folder (duplex/media/recording.py);
     # None: nothing is recorded.
     record_dir: str | None = None
+    # Incoming SIP calls ring while this URL is asked (a signed realtime.call.incoming POST,
+    # duplex/transports/sip/webhook.py) and the app accepts or rejects them through the call API;
+    # None: calls are answered at once. The secret signs the POSTs (required with a URL).
+    call_webhook: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    call_webhook_secret: str | None = Field(default=None, repr=False, min_length=1)
+    # Seconds a ringing call waits for /accept or /reject before it is refused with 480. Below
+    # 64*T1 (32 s), when the caller's INVITE transaction gives up.
+    call_decision_timeout_s: float = Field(default=10.0, gt=0, le=30)
     pipeline_mode: Literal["process", "inproc"] = "process"
     voices: list[str] = Field(default_factory=lambda: ["default"])
     session: SessionDefaults = Field(default_factory=SessionDefaults)
+
+    @model_validator(mode="after")
+    def _webhook_is_signed(self) -> ServerSettings:
+        if self.call_webhook and not self.call_webhook_secret:
+            raise ValueError("call_webhook needs call_webhook_secret: the app must be able to tell "
+                             "the server's calls from forged ones")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -165,6 +180,9 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "rtp_ports": {},
     "max_sessions": {"type": int},
     "record_dir": {},
+    "call_webhook": {},
+    "call_webhook_secret": {},
+    "call_decision_timeout_s": {"type": float},
     "pipeline_mode": {"choices": ["process", "inproc"]},
 }
 

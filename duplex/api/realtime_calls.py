@@ -1,18 +1,22 @@
-"""WebRTC calls as OpenAI's WebRTC flow does them (CONTRACT.md):
+"""Calls as OpenAI's Realtime API has them (CONTRACT.md, docs/operators.md):
 
 ``POST /v1/realtime/calls`` with an SDP offer (``application/sdp``) or a multipart body with ``sdp``
 and ``session`` (JSON) parts → ``201`` with the answer SDP and ``Location: /v1/realtime/calls/{id}``;
-``POST /v1/realtime/calls/{id}/hangup`` or ``DELETE /v1/realtime/calls/{id}`` ends the call.
+``POST /v1/realtime/calls/{id}/hangup`` or ``DELETE /v1/realtime/calls/{id}`` ends a WebRTC or SIP
+call. A SIP call that rings while the ``--call-webhook`` app decides (transports/sip/ringing.py) is
+answered with ``POST /v1/realtime/calls/{id}/accept`` (a session config: the fields of
+``session.update``) or refused with ``POST /v1/realtime/calls/{id}/reject`` (``status_code``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import FormData
 from starlette.types import Message
 
@@ -21,6 +25,18 @@ from duplex.api.ephemeral_keys import apply_secret_session
 from duplex.api.errors import ERROR_RESPONSES, MAX_BODY_BYTES, APIError, read_body, require_pipeline
 from duplex.protocol.session_update import apply_session_update
 from duplex.registry import TooManySessions
+from duplex.session.config import SessionConfig
+from duplex.settings import SessionDefaults
+from duplex.transports.sip.agent import SipAgent
+from duplex.transports.sip.handler import CallRefused, ReferError
+from duplex.transports.sip.refer import valid_target
+from duplex.transports.sip.ringing import (
+    DECLINE,
+    AlreadyDecided,
+    CallGone,
+    RingingCall,
+    RingingCalls,
+)
 from duplex.transports.webrtc.call import WebRTCCall
 from duplex.transports.webrtc.sdp import SdpError
 
@@ -91,14 +107,8 @@ async def create_call(request: Request) -> Response:
     if secret is not None and secret.session is not None:
         apply_secret_session(call.session, secret.session)
     if session is not None:
-        if not isinstance(session, dict):
-            raise APIError(400, "the 'session' part must be a JSON object", "invalid_session", param="session")
-        voices = [*call.session.voices, *call.session.defaults.voice_map]
-        config, errors = apply_session_update(call.session.config, session, voices,
-                                              call.session.defaults.mcp_servers)
-        if errors:  # no event channel yet to report them on: the offer is refused
-            raise APIError(400, errors[0].message, errors[0].code, param=errors[0].param)
-        call.session.reconfigure(config)
+        call.session.reconfigure(_configured(call.session.config, session, call.session.voices,
+                                             call.session.defaults))
     try:
         answer = await call.start(sdp)
     except TooManySessions as err:
@@ -112,10 +122,117 @@ async def create_call(request: Request) -> Response:
                        headers={"Location": f"/v1/realtime/calls/{call.id}"})
 
 
-async def _hangup(request: Request, call_id: str) -> Response:
+def _configured(base: SessionConfig, session: Any, voices: list[str],
+               defaults: SessionDefaults) -> SessionConfig:
+    """``base`` with a call's session config applied, as ``session.update`` applies it. There is
+    no event channel yet to report a bad field on: the request is refused (400) with the first."""
+    if not isinstance(session, dict):
+        raise APIError(400, "the session config must be a JSON object", "invalid_session", param="session")
+    config, errors = apply_session_update(base, session, [*voices, *defaults.voice_map],
+                                          defaults.mcp_servers)
+    if errors:
+        raise APIError(400, errors[0].message, errors[0].code, param=errors[0].param)
+    return config
+
+
+def _not_found(call_id: str) -> APIError:
+    return APIError(404, f"no call {call_id!r}", "call_not_found", kind="not_found_error")
+
+
+def _ringing_now(request: Request, call_id: str) -> RingingCall | None:
+    """The SIP call ``call_id`` if it rings while the app decides (serve.py keeps the table)."""
+    calls: RingingCalls | None = getattr(request.app.state, "ringing_calls", None)
+    return calls.get(call_id) if calls is not None else None
+
+
+def _ringing(request: Request, call_id: str) -> RingingCall:
+    """The SIP call ``call_id`` that rings while the app decides; 409 once it was answered."""
+    call = _ringing_now(request, call_id)
+    if call is not None:
+        return call
     slot = app_state(request).registry.get(call_id)
-    if slot is None or slot.transport != "webrtc":
-        raise APIError(404, f"no call {call_id!r}", "call_not_found", kind="not_found_error")
+    if slot is not None and slot.transport == "sip":
+        raise APIError(409, f"call {call_id!r} was accepted already", "call_already_accepted")
+    raise _not_found(call_id)
+
+
+@router.post("/v1/realtime/calls/{call_id}/accept", response_class=Response)
+async def accept_call(request: Request, call_id: str,
+                      session: Annotated[dict[str, Any] | None, Body()] = None) -> Response:
+    state = app_state(request)
+    call = _ringing(request, call_id)
+    settings = state.settings
+    config = _configured(settings.session.session_config(), session or {}, settings.voices,
+                         settings.session)
+    try:
+        await call.accept(config)
+    except AlreadyDecided as err:
+        raise APIError(409, str(err), "call_already_decided") from None
+    except CallGone:
+        raise _not_found(call_id) from None
+    except CallRefused as err:  # no room after all, or the pipeline restarts
+        raise APIError(503, f"the call could not be answered: {err}", "too_many_sessions",
+                       kind="server_error", headers={"Retry-After": str(err.retry_after or 5)}) from None
+    log.info("call %s accepted", call_id)
+    return Response(status_code=200)
+
+
+class RejectRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status_code: int = Field(default=DECLINE, ge=400, le=699,
+                             description="the SIP status the caller gets (603 Decline by default)")
+
+
+@router.post("/v1/realtime/calls/{call_id}/reject", response_class=Response)
+async def reject_call(request: Request, call_id: str, body: RejectRequest | None = None) -> Response:
+    call = _ringing(request, call_id)
+    try:
+        call.reject((body or RejectRequest()).status_code)
+    except AlreadyDecided as err:
+        raise APIError(409, str(err), "call_already_decided") from None
+    return Response(status_code=200)
+
+
+class ReferRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target_uri: str = Field(max_length=1024, description="where the caller is sent: a sip:, sips: or tel: URI")
+
+
+@router.post("/v1/realtime/calls/{call_id}/refer", response_class=Response)
+async def refer_call(request: Request, call_id: str, body: ReferRequest) -> Response:
+    """Transfer a live SIP call: a REFER to the caller; its progress comes as server events."""
+    agent: SipAgent | None = getattr(request.app.state, "sip_agent", None)
+    call = agent.live.get(call_id) if agent is not None else None
+    if call is None:
+        if app_state(request).registry.get(call_id) is not None or _ringing_now(request, call_id):
+            raise APIError(409, f"call {call_id!r} is not an answered SIP call: only those can be "
+                           "transferred", "call_not_transferable")
+        raise _not_found(call_id)
+    if not valid_target(body.target_uri):
+        raise APIError(400, f"not a sip:, sips: or tel: URI: {body.target_uri!r}", "invalid_target_uri",
+                       param="target_uri")
+    try:
+        call.refer(body.target_uri)
+    except ReferError as err:
+        raise APIError(409, str(err), "call_not_transferable") from None
+    return Response(status_code=200)
+
+
+async def _hangup(request: Request, call_id: str) -> Response:
+    """End a live WebRTC or SIP call; a SIP call still ringing is declined (603)."""
+    ringing = _ringing_now(request, call_id)
+    if ringing is not None:
+        try:
+            ringing.reject(DECLINE)
+        except AlreadyDecided:
+            pass  # accepted a moment ago: it is about to be live, and is hung up there
+        else:
+            return Response(status_code=200)
+    slot = app_state(request).registry.get(call_id)
+    if slot is None or slot.transport not in ("webrtc", "sip"):
+        raise _not_found(call_id)
     await slot.close()
     return Response(status_code=200)
 

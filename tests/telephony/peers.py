@@ -77,11 +77,16 @@ class Acceptor:
     calls: list[ToneMedia] = field(default_factory=list)
     offered: asyncio.Queue = field(default_factory=asyncio.Queue)
     accepted: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: int = 0  # decisions the stack cancelled (the caller's CANCEL)
 
     async def __call__(self, info: SipCallInfo, control: CallControl) -> ToneMedia:
         self.offered.put_nowait(info)
         if self.gate is not None:
-            await self.gate.wait()
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:  # the call ended before we decided
+                self.cancelled += 1
+                raise
         live = [c for c in self.calls if not c.ended.done()]
         if len(live) >= self.capacity:
             raise CallRefused(503, "Too Many Sessions", retry_after=7)
@@ -206,14 +211,15 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-async def sipp(scenario: str, server_port: int, cwd: Path, *keys: tuple[str, str],
-               calls: int = 1) -> tuple[int, str]:
-    """Run sipp as the caller; returns (exit status, its output)."""
-    args = ["sipp", f"127.0.0.1:{server_port}", "-sf", str(SCENARIOS / scenario),
+async def sipp(scenario: str | Path, server_port: int, cwd: Path, *keys: tuple[str, str],
+               calls: int = 1, options: tuple[str, ...] = ()) -> tuple[int, str]:
+    """Run sipp as the caller; returns (exit status, its output). ``scenario``: a file of
+    scenarios/ or a path; ``options``: more of sipp's options (``-cid_str``, ...)."""
+    args = ["sipp", f"127.0.0.1:{server_port}", "-sf", str(SCENARIOS / scenario), *options,
             "-i", "127.0.0.1", "-mi", "127.0.0.1", "-p", str(free_port()),
             "-mp", str(free_port()), "-m", str(calls), "-l", str(calls), "-nostdin",
             "-timeout", "20s", "-timeout_error", "-trace_err", "-error_file",
-            str(cwd / f"{scenario}.errors.log")]
+            str(cwd / f"{Path(scenario).name}.errors.log")]
     for key, value in keys:
         args += ["-key", key, value]
     proc = await asyncio.create_subprocess_exec(
@@ -225,7 +231,7 @@ async def sipp(scenario: str, server_port: int, cwd: Path, *keys: tuple[str, str
         proc.kill()
         await proc.wait()
         raise
-    errors = cwd / f"{scenario}.errors.log"
+    errors = cwd / f"{Path(scenario).name}.errors.log"
     text = out.decode(errors="replace")[-3000:]
     if errors.exists():
         text += errors.read_text(errors="replace")[-3000:]

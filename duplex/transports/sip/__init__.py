@@ -4,7 +4,9 @@ A :class:`SipServer` answers INVITEs and hands each accepted call's audio to a
 :class:`CallMedia` that its :class:`CallAcceptor` returns (see handler.py for the contract).
 Modules, one job each: message (SIP parsing), transaction (timers, responses), sdp (offer/answer),
 rtp (packets, DTMF), jitter (reordering), media (a call's RTP sockets and pacing), call (a dialog),
-server (the UDP socket and dispatch).
+refer (a transfer: REFER and its NOTIFYs), server (the UDP socket and dispatch). Above the stack:
+agent (calls answered by the agent's sessions), ringing (calls that ring while the operator's app
+decides) and webhook (the signed ``realtime.call.incoming`` POST that asks it).
 """
 
 from .handler import (
@@ -15,6 +17,7 @@ from .handler import (
     CallMedia,
     CallRefused,
     EndReason,
+    ReferError,
     SipCallInfo,
 )
 from .server import SipConfig, SipServer
@@ -22,5 +25,5 @@ from .transaction import SipTimers
 
 __all__ = [
     "FRAME_SAMPLES", "SAMPLE_RATE", "CallAcceptor", "CallControl", "CallMedia", "CallRefused",
-    "EndReason", "SipCallInfo", "SipConfig", "SipServer", "SipTimers",
+    "EndReason", "ReferError", "SipCallInfo", "SipConfig", "SipServer", "SipTimers",
 ]

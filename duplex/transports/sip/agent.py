@@ -1,8 +1,11 @@
 """Phone calls answered by the agent: each accepted SIP call bound to a Session.
 
-The one module of ``sip/`` that knows the session layer. :class:`SipAgent` is the SIP server's
-acceptor: for each INVITE it admits a session (``TooManySessions`` becomes a 503) and returns a
-:class:`SipSessionCall`, which carries the call's audio both ways for its whole life:
+The module of ``sip/`` that knows the session layer (with ringing.py, which hands it a session
+config). :class:`SipAgent` is the SIP server's acceptor: for each INVITE it admits a session
+(``TooManySessions`` becomes a 503) and returns a :class:`SipSessionCall`. With a call webhook it
+first lets the call ring while the app decides (ringing.py), then starts the session with the
+config the app accepted it with. The call's id, in the webhook, the API and the logs, is
+:func:`session_id`. A :class:`SipSessionCall` carries the call's audio both ways for its whole life:
 
 - inbound: 8 kHz G.711, decoded by the stack to int16, resampled to the session's 16 kHz;
 - outbound: the agent's voice through a ``PacedPlayout`` on an 8 kHz :class:`FrameQueue`, from
@@ -14,17 +17,22 @@ acceptor: for each INVITE it admits a session (``TooManySessions`` becomes a 503
   test caller playing a file). Turn-taking runs on audio time, so a gap longer than
   ``GAP_FILL_AFTER_S`` is filled with silence on the 20 ms tick of the outbound sender.
 
-There is no events channel on a phone call: server events are dropped (the session log keeps the
-story). The call ends once, whoever ends it: ``on_ended`` from the stack (BYE, CANCEL, media
-timeout, server close) or the server hanging up (registry, shutdown) through ``CallControl``.
+There is no events channel on a phone call: server events go to the recording's log, if any, and
+are dropped (the session log keeps the story). A transfer (``refer``, the API's ``/refer``)
+reports its progress as server events (``call.transfer.progress``, then ``call.transfer.completed``
+or ``call.transfer.failed``). The call ends once, whoever ends it: ``on_ended`` from the stack
+(BYE, CANCEL, media timeout, a completed transfer, server close) or the server hanging up
+(registry, shutdown) through ``CallControl``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -33,7 +41,9 @@ from duplex.media.frame_queue import FrameQueue
 from duplex.media.pcm import pcm16_to_float
 from duplex.media.playout import PacedPlayout
 from duplex.media.resample import Resampler
+from duplex.protocol.events import event
 from duplex.registry import SessionRegistry, TooManySessions
+from duplex.session.config import SessionConfig
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
@@ -46,12 +56,24 @@ from duplex.transports.sip.handler import (
     EndReason,
     SipCallInfo,
 )
+from duplex.transports.sip.ringing import RingingCalls
 from duplex.turns.vad import SAMPLE_RATE as SESSION_RATE
 
 log = logging.getLogger(__name__)
 
 GAP_FILL_AFTER_S = 0.1  # later than any jitter a packet of a live call arrives with
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
+# A SIP Call-ID may hold "/", "?" and quotes (RFC 3261 §25.1 word): ids that travel in a URL path
+# and name recordings keep to these characters, or are a hash of the Call-ID.
+_SAFE_ID = re.compile(r"[A-Za-z0-9._~@+-]{1,128}\Z")
+
+
+def session_id(sip_call_id: str) -> str:
+    """The call's id for the API, the webhook, recordings and logs: ``sip_`` and the Call-ID, or
+    its SHA-256 (32 hex digits) where the Call-ID does not fit in a URL path segment."""
+    if _SAFE_ID.match(sip_call_id):
+        return f"sip_{sip_call_id}"
+    return f"sip_{hashlib.sha256(sip_call_id.encode()).hexdigest()[:32]}"
 
 
 class SipSessionCall:
@@ -61,7 +83,7 @@ class SipSessionCall:
 
     def __init__(self, info: SipCallInfo, control: CallControl, settings: ServerSettings,
                  pipeline: ModelPipeline, registry: SessionRegistry, model_name: str) -> None:
-        self.id = f"sip_{info.call_id}"
+        self.id = session_id(info.call_id)
         self.info = info
         self._control = control
         self.queue = FrameQueue(SAMPLE_RATE, FRAME_SAMPLES)
@@ -75,6 +97,7 @@ class SipSessionCall:
         self._heard_until: float | None = None  # monotonic time the inbound audio reaches
         self._held = False
         self._ending: asyncio.Task[None] | None = None
+        self.forget: Callable[[], object] = lambda: None  # the agent's, to drop it from its table
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
 
     def start(self) -> None:
@@ -83,6 +106,19 @@ class SipSessionCall:
         self.binding.start()
         self.log.info("call from %s (%s, dtmf %s)", self.info.from_uri, self.info.codec,
                       self.info.dtmf)
+
+    def refer(self, target_uri: str) -> None:
+        """Transfer the call to ``target_uri`` (a REFER to the caller); raises ReferError."""
+        self._control.refer(target_uri, lambda status, reason, outcome: self._transfer_event(
+            target_uri, status, reason, outcome))
+
+    def _transfer_event(self, target_uri: str, status: int, reason: str, outcome: str) -> None:
+        """The transfer's progress as server events (docs/operators.md names them)."""
+        fields = {"call_id": self.id, "target_uri": target_uri, "status": status, "reason": reason}
+        self.log.info("transfer to %s: %d %s (%s)", target_uri, status, reason, outcome)
+        self.session.send(event("call.transfer.progress", **fields))
+        if outcome != "pending":
+            self.session.send(event(f"call.transfer.{outcome}", **fields))
 
     async def _hang_up(self, closing: Closing) -> None:
         self.log.info("hanging up: %s", closing.reason)
@@ -134,30 +170,71 @@ class SipSessionCall:
         self.log.info("call ended (%s) after %.1f s of the caller's audio", reason,
                       self._received / SAMPLE_RATE)
         self.queue.close()
+        self.forget()
         if self._ending is None:
             self._ending = asyncio.get_running_loop().create_task(self.binding.end(f"sip {reason}"))
 
 
 class SipAgent:
     """The SIP server's CallAcceptor: every accepted call gets a session, within the registry's
-    limit. Lives as long as the server; the calls it made belong to themselves."""
+    limit. With ``ringing`` (a call webhook) the app decides on each call first. Lives as long as
+    the server; the calls it made belong to themselves."""
 
     def __init__(self, settings: ServerSettings, registry: SessionRegistry,
-                 pipeline: Callable[[], ModelPipeline | None], model_name: str) -> None:
+                 pipeline: Callable[[], ModelPipeline | None], model_name: str,
+                 ringing: RingingCalls | None = None) -> None:
         """``pipeline``: the serving pipeline now, or None while it loads or restarts."""
         self._settings = settings
         self._registry = registry
         self._pipeline = pipeline
         self._model_name = model_name
+        self._ringing = ringing
+        # The answered calls by id, from their start to their end (for /refer).
+        self.live: dict[str, SipSessionCall] = {}
 
-    def __call__(self, call: SipCallInfo, control: CallControl) -> SipSessionCall:
+    def __call__(self, call: SipCallInfo,
+                 control: CallControl) -> SipSessionCall | Awaitable[SipSessionCall]:
+        if self._ringing is None:
+            return self._answer(call, control, None)
+        self._check_room()
+        return self._decided(call, control, self._ringing)
+
+    def _check_room(self) -> None:
+        """Refuse a call that would ring beyond ``--max-sessions``: ringing calls count beside
+        the live sessions (the registry's own check_room knows only the live ones)."""
+        if self._pipeline() is None:
+            raise CallRefused(503, "Service Unavailable", retry_after=5)
+        ringing = len(self._ringing) if self._ringing is not None else 0
+        if len(self._registry) + ringing >= self._registry.max_sessions:
+            raise CallRefused(503, "Service Unavailable", retry_after=TooManySessions.retry_after_s)
+
+    async def _decided(self, call: SipCallInfo, control: CallControl,
+                       ringing: RingingCalls) -> SipSessionCall:
+        """Ring while the app decides (ringing.py), then answer with the config it accepted."""
+        with ringing.ringing(session_id(call.call_id), call) as waiting:
+            control.ring()
+            config = await ringing.decision(waiting)
+            try:
+                session_call = self._answer(call, control, config)
+            except CallRefused as refused:  # no room after all, or the pipeline restarts
+                waiting.answered.set_result(refused)
+                raise
+            waiting.answered.set_result(None)
+            return session_call
+
+    def _answer(self, call: SipCallInfo, control: CallControl,
+                config: SessionConfig | None) -> SipSessionCall:
         pipeline = self._pipeline()
         if pipeline is None:
             raise CallRefused(503, "Service Unavailable", retry_after=5)
         session_call = SipSessionCall(call, control, self._settings, pipeline, self._registry,
                                       self._model_name)
+        if config is not None:
+            session_call.session.reconfigure(config)
         try:
             session_call.start()
         except TooManySessions as err:
             raise CallRefused(503, "Service Unavailable", retry_after=err.retry_after_s) from None
+        self.live[session_call.id] = session_call
+        session_call.forget = lambda: self.live.pop(session_call.id, None)
         return session_call

@@ -1,7 +1,8 @@
 """One SIP call: its dialog (RFC 3261 §12), its INVITE answers and its media.
 
 States: ``offered`` (INVITE received, the acceptor deciding) → ``answered`` (200 OK sent and
-retransmitted, waiting for the ACK) → ``confirmed`` (ACK received) → ``ended``. Every way out
+retransmitted, waiting for the ACK) → ``confirmed`` (ACK received) → ``ended``. A confirmed call
+may be transferred (REFER, refer.py); a transfer that succeeds ends it. Every way out
 goes through :meth:`SipCall.end`, which runs once: it sends the BYE when the call was answered and
 we are the ones ending it, closes the RTP session and calls the media object's ``on_ended``.
 
@@ -17,12 +18,13 @@ import inspect
 import logging
 import random
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from .handler import CallAcceptor, CallMedia, CallRefused, EndReason, SipCallInfo
+from .handler import CallAcceptor, CallMedia, CallRefused, EndReason, ReferError, SipCallInfo
 from .media import RtpSession
-from .message import SipMessage, uri_of
+from .message import SipMessage, display_name, uri_of
+from .refer import Transfer, valid_target
 from .sdp import Negotiated, SdpError, answer, negotiate
 from .transaction import ALLOW, Retransmitter, SipTimers
 
@@ -42,7 +44,8 @@ class Signalling(Protocol):
                 body: bytes = b"", reason: str | None = None,
                 on_timeout=None) -> Retransmitter | None: ...
 
-    def send_request(self, request: SipMessage, addr: tuple[str, int]) -> None: ...
+    def send_request(self, request: SipMessage, addr: tuple[str, int],
+                     on_response: Callable[[SipMessage | None], None] | None = None) -> None: ...
 
     def open_media(self, log: logging.LoggerAdapter) -> Awaitable[RtpSession]: ...
 
@@ -80,6 +83,9 @@ class SipCall:
         self._retransmit: Retransmitter | None = None
         self.media: RtpSession | None = None
         self._handler: CallMedia | None = None
+        # The acceptor deciding on the call (when it answers awaitably): cancelled by end().
+        self._deciding: asyncio.Future[CallMedia] | None = None
+        self._transfer: Transfer | None = None  # the latest REFER we sent (refer.py)
 
     @property
     def call_id(self) -> str:
@@ -102,13 +108,20 @@ class SipCall:
             to_uri=uri_of(self._invite.get("to") or ""), codec=neg.codec,
             dtmf=neg.dtmf_payload_type is not None,
             local_rtp=(self._sig.advertise, self.media.port), remote_rtp=neg.remote,
+            headers=tuple((display_name(name), value) for name, value in self._invite.headers),
         )
         try:
             handler = accept(info, self)
             if inspect.isawaitable(handler):
+                self._deciding = asyncio.ensure_future(handler)
                 # Past 64*T1 the caller's INVITE transaction has given up (timer B): no answer
                 # could reach it any more.
-                handler = await asyncio.wait_for(handler, self._sig.timers.timeout)
+                handler = await asyncio.wait_for(self._deciding, self._sig.timers.timeout)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the server closes: setup itself is cancelled
+            return  # the call ended while the acceptor decided (end() cancelled it)
         except CallRefused as refused:
             self.log.info("call refused: %d %s", refused.status, refused.reason)
             extra = []
@@ -227,6 +240,13 @@ class SipCall:
         """CallControl: end the call with a BYE."""
         self.end("hangup")
 
+    def ring(self) -> None:
+        """CallControl: 180 Ringing while the acceptor decides (resent with the INVITE's
+        retransmissions by the server's transaction table)."""
+        if self.state == "offered":
+            self._sig.respond(self._invite, self.peer, 180, to_tag=self.local_tag,
+                              headers=[("contact", self._sig.contact)])
+
     def end(self, reason: EndReason) -> None:
         """End the call once (see module doc)."""
         if self.state == "ended":
@@ -244,6 +264,8 @@ class SipCall:
             self._send_bye()
         handler = self._handler
         self._release()
+        if self._deciding is not None and not self._deciding.done():
+            self._deciding.cancel()  # the acceptor lets go of the undecided call (handler.py)
         if handler is not None:
             self._safe(handler.on_ended, reason)
 
@@ -258,20 +280,52 @@ class SipCall:
         self.ended.set()
 
     def _send_bye(self) -> None:
+        self._send("BYE")
+
+    def _send(self, method: str, headers: list[tuple[str, str]] | None = None,
+              on_response: Callable[[SipMessage | None], None] | None = None) -> None:
+        """A new request of ours inside the dialog (RFC 3261 §12.2.1.1)."""
         self._local_cseq += 1
-        bye = SipMessage(method="BYE", uri=self._target)
-        bye.headers = [
+        request = SipMessage(method=method, uri=self._target)
+        request.headers = [
             ("via", f"SIP/2.0/UDP {self._sig.contact_host};rport;branch={_branch()}"),
             ("max-forwards", "70"),
             *[("route", route) for route in self._routes],
             ("from", self._local),
             ("to", self._remote),
             ("call-id", self._call_id),
-            ("cseq", f"{self._local_cseq} BYE"),
+            ("cseq", f"{self._local_cseq} {method}"),
+            *(headers or []),
         ]
         # To where the INVITE came from, not to a resolved Contact: symmetric signalling works
         # through NAT, and we never send to an address the allow-list did not let in.
-        self._sig.send_request(bye, self.peer)
+        self._sig.send_request(request, self.peer, on_response)
+
+    # Transfer (refer.py) ------------------------------------------------------------------
+
+    def refer(self, target_uri: str, on_progress: Callable[[int, str, str], None]) -> None:
+        """CallControl: a REFER to the caller naming ``target_uri`` (handler.py)."""
+        if self.state not in ("answered", "confirmed"):  # the dialog exists once our 200 went
+            raise ReferError("the call is not answered")
+        if self._transfer is not None and not self._transfer.done:
+            raise ReferError(f"a transfer to {self._transfer.target_uri} is under way")
+        if not valid_target(target_uri):
+            raise ReferError(f"not a sip:, sips: or tel: URI: {target_uri!r}")
+        self._transfer = transfer = Transfer(target_uri, on_progress, self.log)
+        self.log.info("transferring the call to %s", target_uri)
+        self._send("REFER", [("refer-to", f"<{target_uri}>"),
+                             ("referred-by", f"<{uri_of(self._local)}>"),
+                             ("contact", self._sig.contact)], transfer.on_response)
+
+    def on_notify(self, notify: SipMessage, addr: tuple[str, int]) -> None:
+        """A NOTIFY of our REFER's subscription; a 2xx status in it ends the call."""
+        transfer = self._transfer
+        if transfer is None or self.state == "ended":
+            self._sig.respond(notify, addr, 481)
+            return
+        self._sig.respond(notify, addr, transfer.on_notify(notify))
+        if transfer.succeeded:
+            self.end("transferred")
 
     def _safe(self, callback, *args) -> None:
         try:

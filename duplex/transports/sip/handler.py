@@ -2,8 +2,11 @@
 
 The stack knows nothing of sessions. For each new INVITE it calls the server's ``accept``
 (:class:`CallAcceptor`) with the call's :class:`SipCallInfo` and a :class:`CallControl`; the
-acceptor returns the call's :class:`CallMedia` or raises :class:`CallRefused`. From then on, until
-``on_ended``, the stack drives the media object from the event loop:
+acceptor returns the call's :class:`CallMedia` or raises :class:`CallRefused`. It may return an
+awaitable and take its time (``CallControl.ring`` tells the caller it rings meanwhile): when the
+call ends before it decides (the caller's CANCEL, the server closing), the stack cancels that
+awaitable, so whatever the acceptor holds for the undecided call is let go in its ``finally``.
+From then on, until ``on_ended``, the stack drives the media object from the event loop:
 
 - ``on_audio`` with each inbound packet decoded to 8 kHz int16 (160 samples for the usual 20 ms
   packets; lost packets concealed with silence, so the timeline has no holes);
@@ -18,7 +21,7 @@ belong to the one call and can be dropped after ``on_ended``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -35,6 +38,7 @@ EndReason = Literal[
     "no-ack",  # the peer never acknowledged our 200 OK
     "bad-sdp",  # the peer's answer in an ACK was unusable (RFC 3264 leaves only a BYE)
     "server-closed",  # SipServer.close()
+    "transferred",  # the transfer target answered the caller (REFER, then a 2xx NOTIFY)
 ]
 
 
@@ -50,6 +54,8 @@ class SipCallInfo:
     dtmf: bool  # whether RFC 4733 telephone events were negotiated
     local_rtp: tuple[str, int]  # our RTP address as advertised in the answer
     remote_rtp: tuple[str, int]  # the peer's RTP address from its offer
+    # The INVITE's headers as received, in order, names in their usual spelling ("Call-ID").
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class CallRefused(Exception):
@@ -63,6 +69,10 @@ class CallRefused(Exception):
         self.retry_after = retry_after
 
 
+class ReferError(Exception):
+    """A transfer that cannot be started (the call is not answered, or one is under way)."""
+
+
 class CallControl(Protocol):
     """The stack's side of one call, handed to the acceptor."""
 
@@ -74,6 +84,17 @@ class CallControl(Protocol):
 
         Called inside ``accept``, it declines the INVITE (603) and ``on_ended`` reaches the
         media object as soon as ``accept`` returns it."""
+
+    def ring(self) -> None:
+        """While ``accept`` decides: answer the INVITE with 180 Ringing (nothing once answered)."""
+
+    def refer(self, target_uri: str, on_progress: Callable[[int, str, str], None]) -> None:
+        """Transfer the answered call: a REFER (RFC 3515) to the caller naming ``target_uri``
+        (refer.py). ``on_progress(status, reason, outcome)`` gets the REFER's own final answer
+        (202, or the refusal) and then each NOTIFY's sipfrag status line, ``outcome`` being
+        "pending", "completed" or "failed"; after a 2xx sipfrag the stack ends the call with a BYE
+        ("transferred"). Raises :class:`ReferError` when the call is not answered, a
+        transfer is already under way, or ``target_uri`` is no sip:, sips: or tel: URI."""
 
 
 class CallMedia(Protocol):

@@ -104,7 +104,7 @@ class SipMessage:
         start = (f"{self.method} {self.uri} {SIP_VERSION}" if self.is_request
                  else f"{SIP_VERSION} {self.status} {self.reason}")
         lines = [start]
-        lines += [f"{_display(name)}: {value}" for name, value in self.headers
+        lines += [f"{display_name(name)}: {value}" for name, value in self.headers
                   if name != "content-length"]
         lines.append(f"Content-Length: {len(self.body)}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + self.body
@@ -287,6 +287,7 @@ def _canonical(name: str) -> str:
     return _COMPACT.get(name, name)
 
 
-def _display(name: str) -> str:
+def display_name(name: str) -> str:
+    """A header name as SIP messages usually spell it (``call-id`` → ``Call-ID``)."""
     special = {"call-id": "Call-ID", "cseq": "CSeq", "www-authenticate": "WWW-Authenticate"}
     return special.get(name) or "-".join(part.capitalize() for part in name.split("-"))

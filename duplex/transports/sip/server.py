@@ -3,8 +3,9 @@
 :class:`SipServer` receives every datagram on its port. It drops what does not parse, answers
 what parses but is wrong with the 4xx RFC 3261 names, refuses peers outside the allow-list with
 403, absorbs request retransmissions by resending the last response (the server transaction
-table, kept 64*T1 after the final response), and routes INVITE / ACK / BYE / CANCEL to the call
-of their dialog (Call-ID + the caller's tag; our tag checked on in-dialog requests).
+table, kept 64*T1 after the final response), and routes INVITE / ACK / BYE / CANCEL / NOTIFY to
+the call of their dialog (Call-ID + the caller's tag; our tag checked on in-dialog requests), and
+the responses to our own requests (BYE, REFER) to whoever sent them, by Via branch.
 
 The server owns the socket, the RTP port pool, the transaction table and the calls; ``close``
 ends every call with a BYE, waits briefly for the BYEs to be answered and releases all of it.
@@ -16,7 +17,7 @@ import asyncio
 import ipaddress
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .call import SipCall
@@ -82,7 +83,8 @@ class SipServer:
         self.timers = self.config.timers
         self.calls: dict[tuple[str, str], SipCall] = {}  # (Call-ID, caller's tag) -> call
         self._transactions: dict[tuple, _ServerTransaction] = {}
-        self._requests: dict[str, Retransmitter] = {}  # our BYEs by Via branch
+        self._requests: dict[str, Retransmitter] = {}  # our BYEs and REFERs by Via branch
+        self._answers: dict[str, Callable[[SipMessage | None], None]] = {}  # who awaits a response
         self._setups: set[asyncio.Task] = set()
         self._closing = False  # close() has begun: new calls get 503
 
@@ -117,6 +119,7 @@ class SipServer:
                                timeout=_BYE_GRACE_SECONDS)
         for retransmitter in list(self._requests.values()):
             retransmitter.stop()
+        self._answers.clear()
         for tx in self._transactions.values():
             if tx.retransmit is not None:
                 tx.retransmit.stop()
@@ -161,12 +164,22 @@ class SipServer:
                                       on_timeout)
         return tx.retransmit
 
-    def send_request(self, request: SipMessage, addr: tuple[str, int]) -> None:
+    def send_request(self, request: SipMessage, addr: tuple[str, int],
+                     on_response: Callable[[SipMessage | None], None] | None = None) -> None:
+        """Send a request of a call (BYE, REFER), retransmitted until its final response, which
+        ``on_response`` gets (None: none came within 64*T1)."""
         data = request.serialise()
         branch = request.branch
-        self._requests[branch] = Retransmitter(
-            lambda: self._send(data, addr), self.timers,
-            on_timeout=lambda: self._requests.pop(branch, None))
+
+        def timed_out() -> None:
+            self._requests.pop(branch, None)
+            if self._answers.pop(branch, None) is not None and on_response is not None:
+                on_response(None)
+
+        self._requests[branch] = Retransmitter(lambda: self._send(data, addr), self.timers,
+                                               on_timeout=timed_out)
+        if on_response is not None:
+            self._answers[branch] = on_response
 
     def open_media(self, log: logging.LoggerAdapter):
         return RtpSession.open(self.config.host, self._pool, self.allowed,
@@ -216,7 +229,7 @@ class SipServer:
 
     def _dispatch(self, msg: SipMessage, addr: tuple[str, int]) -> None:
         method = msg.method
-        if method not in ("INVITE", "BYE", "CANCEL", "OPTIONS"):
+        if method not in ("INVITE", "BYE", "CANCEL", "OPTIONS", "NOTIFY"):
             self.respond(msg, addr, 405, to_tag=_tag(), headers=[("allow", ALLOW)])
             return
         required = msg.get_all("require")
@@ -232,14 +245,16 @@ class SipServer:
                 ("contact", self.contact)])
         elif method == "CANCEL":
             self._on_cancel(msg, addr, call)
-        elif msg.to_tag:  # BYE or re-INVITE: inside a dialog, which must be ours
+        elif msg.to_tag:  # BYE, NOTIFY or re-INVITE: inside a dialog, which must be ours
             if call is None or call.local_tag != msg.to_tag:
                 self.respond(msg, addr, 481)
             elif method == "BYE":
                 call.on_bye(msg, addr)
+            elif method == "NOTIFY":
+                call.on_notify(msg, addr)
             else:
                 call.on_reinvite(msg, addr)
-        elif method == "BYE":
+        elif method in ("BYE", "NOTIFY"):
             self.respond(msg, addr, 481, to_tag=_tag())
         elif call is not None:
             # The same dialog-creating INVITE on another branch: a merged request (§8.2.2.2).
@@ -298,10 +313,14 @@ class SipServer:
             call.cancel()
 
     def _on_response(self, msg: SipMessage) -> None:
-        if msg.status >= 200 and msg.cseq[1] == "BYE":
-            retransmitter = self._requests.pop(msg.branch, None)
-            if retransmitter is not None:
-                retransmitter.stop()
+        if msg.status < 200:
+            return
+        retransmitter = self._requests.pop(msg.branch, None)
+        if retransmitter is not None:
+            retransmitter.stop()
+        on_response = self._answers.pop(msg.branch, None)
+        if on_response is not None:
+            on_response(msg)
 
 
 def _key(msg: SipMessage, method: str | None = None) -> tuple:

@@ -20,13 +20,18 @@ from dataclasses import dataclass
 from .message import SipMessage, params
 
 REASONS = {
-    100: "Trying", 180: "Ringing", 200: "OK", 400: "Bad Request", 403: "Forbidden",
-    405: "Method Not Allowed", 415: "Unsupported Media Type", 416: "Unsupported URI Scheme",
-    420: "Bad Extension", 481: "Call/Transaction Does Not Exist", 482: "Loop Detected",
-    487: "Request Terminated", 488: "Not Acceptable Here", 500: "Server Internal Error",
-    503: "Service Unavailable", 505: "Version Not Supported", 603: "Decline",
+    100: "Trying", 180: "Ringing", 200: "OK", 202: "Accepted", 400: "Bad Request",
+    401: "Unauthorized", 402: "Payment Required", 403: "Forbidden", 404: "Not Found",
+    405: "Method Not Allowed", 406: "Not Acceptable", 408: "Request Timeout", 410: "Gone",
+    415: "Unsupported Media Type", 416: "Unsupported URI Scheme", 420: "Bad Extension",
+    480: "Temporarily Unavailable", 481: "Call/Transaction Does Not Exist", 482: "Loop Detected",
+    484: "Address Incomplete", 486: "Busy Here", 487: "Request Terminated",
+    488: "Not Acceptable Here", 489: "Bad Event", 500: "Server Internal Error",
+    501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
+    504: "Server Time-out", 505: "Version Not Supported", 600: "Busy Everywhere", 603: "Decline",
+    604: "Does Not Exist Anywhere", 606: "Not Acceptable",
 }
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
 
 log = logging.getLogger(__name__)
 
