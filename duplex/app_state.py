@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from duplex.rate_limit import PerClient
 from duplex.registry import SessionRegistry
+from duplex.session.resume import ResumeStore
 from duplex.settings import Preset, ServerSettings
 from duplex.transports.binding import EVENT_BURST, EVENT_RATE
 from duplex.transports.webrtc.ice import IcePolicy
@@ -22,6 +23,9 @@ class AppState:
     registry: SessionRegistry
     policy: IcePolicy
     pipeline: Coordinator | None = None  # None while the pipeline loads
+    # Resume tokens and grace periods of Realtime WebSocket sessions (docs/resume.md); made with
+    # the app from the preset's resume_grace_s.
+    resumes: ResumeStore = field(default_factory=lambda: ResumeStore(0))
     pipeline_error: str | None = None  # why it could not start
     # New Realtime WebSocket sessions per client address: a client that is closed for flooding
     # and comes straight back gets a fresh event budget each time; this bounds how often. 20 at

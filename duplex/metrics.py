@@ -75,3 +75,11 @@ INBOUND_AUDIO_DROPPED_SECONDS = Counter(
 )
 for _transport in TRANSPORTS:
     INBOUND_AUDIO_DROPPED_SECONDS.labels(_transport)
+SESSIONS_AWAITING_RESUME = Gauge(
+    "duplex_sessions_awaiting_resume",
+    "Live sessions whose connection dropped, waiting for their client to resume them (they hold "
+    "their slot: duplex_sessions_active counts them too)",
+    ["transport"],
+)
+for _transport in TRANSPORTS:
+    SESSIONS_AWAITING_RESUME.labels(_transport)

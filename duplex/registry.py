@@ -1,7 +1,9 @@
 """Admission and bookkeeping of live sessions across every transport (``--max-sessions``).
 
 The registry lives as long as the server. A session holds its slot from ``admit`` until
-``release`` (idempotent); ``close_all`` ends every session at shutdown.
+``release`` (idempotent), including while it has no connection and waits for its client to resume
+it (``detach`` … ``attach``, docs/resume.md): such a session counts against the limit, and
+``duplex_sessions_awaiting_resume`` counts it. ``close_all`` ends every session at shutdown.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class SessionSlot:
     transport: str
     close: Callable[[], Awaitable[None]]
     queued_seconds: Callable[[], float] = lambda: 0.0  # agent audio waiting for playout
+    detached: bool = False  # no connection: waiting for a resume
 
 
 class SessionRegistry:
@@ -51,8 +54,28 @@ class SessionRegistry:
     def release(self, session_id: str) -> None:
         slot = self._slots.pop(session_id, None)
         if slot is not None:
+            self._attached(slot)
             metrics.SESSIONS_ACTIVE.labels(slot.transport).dec()
             log.info("session %s released; %d live", session_id, len(self._slots))
+
+    def detach(self, session_id: str) -> None:
+        """The session's connection dropped: it keeps its slot while it waits for a resume."""
+        slot = self._slots.get(session_id)
+        if slot is not None and not slot.detached:
+            slot.detached = True
+            metrics.SESSIONS_AWAITING_RESUME.labels(slot.transport).inc()
+
+    def attach(self, session_id: str) -> None:
+        """The session has a connection again (resumed)."""
+        slot = self._slots.get(session_id)
+        if slot is not None:
+            self._attached(slot)
+
+    @staticmethod
+    def _attached(slot: SessionSlot) -> None:
+        if slot.detached:
+            slot.detached = False
+            metrics.SESSIONS_AWAITING_RESUME.labels(slot.transport).dec()
 
     def get(self, session_id: str) -> SessionSlot | None:
         return self._slots.get(session_id)

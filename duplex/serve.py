@@ -29,6 +29,7 @@ from duplex.logs import hide_secrets, setup_logging
 from duplex.loop_lag import sample_lag
 from duplex.origin_guard import AllowedHosts, OriginGuard
 from duplex.registry import SessionRegistry
+from duplex.session.resume import ResumeStore
 from duplex.settings import Preset, load_preset
 from duplex.transports.sip.agent import SipAgent
 from duplex.transports.sip.ringing import RingingCalls
@@ -126,7 +127,8 @@ def create_app(preset: Preset, policy: IcePolicy) -> FastAPI:
     """The app; ValueError for a malformed ``--forwarded-allow-ips``."""
     settings = preset.settings
     app = FastAPI(title="duplex", lifespan=_lifespan, exception_handlers=HANDLERS)
-    app.state.duplex = AppState(preset, SessionRegistry(settings.max_sessions), policy)
+    app.state.duplex = AppState(preset, SessionRegistry(settings.max_sessions), policy,
+                                resumes=ResumeStore(settings.session.resume_grace_s))
     # SIP calls ringing while the --call-webhook app decides (the call API's accept/reject).
     app.state.ringing_calls = None
     app.state.sip_agent = None  # set while the SIP server runs

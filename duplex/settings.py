@@ -76,6 +76,11 @@ class SessionDefaults(BaseModel):
     # None by default: a client could otherwise make the server reach any address it can.
     mcp_servers: tuple[str, ...] = ()
 
+    # A Realtime WebSocket session whose connection dropped waits this long (seconds) for its
+    # client to resume it with the token of its session.created (docs/resume.md), holding its
+    # slot; 0: a dropped connection ends its session at once.
+    resume_grace_s: float = Field(default=30.0, ge=0, le=600)
+
     def session_config(self) -> SessionConfig:
         """A new session's settings, before any ``session.update``."""
         return SessionConfig(instructions=self.instructions, voice=self.voice,

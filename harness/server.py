@@ -2,18 +2,21 @@
 
 Use inside the loopback-only namespace (``make test`` runs pytest in one). The server is started
 with a preset file written for the test (``write_preset``) and stopped with SIGINT, as a user would.
+``serving`` runs an app in the test's own process instead (uvicorn on loopback), for tests that
+look at the server's objects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,3 +109,22 @@ def _wait_healthy(server: ServerProcess) -> None:
             pass
         time.sleep(0.1)  # polling a subprocess's readiness: no event to wait on across processes
     raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S:.0f}s:\n{server.log()}")
+
+
+@asynccontextmanager
+async def serving(app: Any, lifespan: str = "off", timeout: float = 30.0) -> AsyncIterator[int]:
+    """``app`` served by uvicorn on a free loopback port of this process (yielded) until the block
+    ends."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_config=None,
+                                           lifespan=lifespan))
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(timeout):
+        while not server.started:
+            await asyncio.sleep(0.02)  # uvicorn sets a flag, with no event to wait on
+    try:
+        yield server.config.port
+    finally:
+        server.should_exit = True
+        await task

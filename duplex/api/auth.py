@@ -78,6 +78,12 @@ def _websocket_keys(websocket: WebSocket) -> list[str]:
     return [g for g in given if g]
 
 
+def websocket_credential(websocket: WebSocket) -> str | None:
+    """The key or client secret the WebSocket presents (header, else subprotocol), or None: what
+    a resumable session is bound to (``duplex.session.resume`` keeps only a digest of it)."""
+    return next(iter(_websocket_keys(websocket)), None)
+
+
 def websocket_secret(websocket: WebSocket) -> ClientSecret | None:
     """The live client secret the WebSocket carries (header or subprotocol), or None."""
     return next((s for g in _websocket_keys(websocket)

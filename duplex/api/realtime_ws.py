@@ -16,6 +16,12 @@ Otherwise the connection becomes a WebSocketConnection until the client leaves. 
 parameter (OpenAI's SDKs always send one) is accepted whatever it names and echoed as
 ``session.model``; the preset decides which model answers. Messages larger than 16 MiB are refused
 by uvicorn itself (``ws_max_size`` in serve.py), which closes with 1009.
+
+A client whose connection dropped resumes its session (docs/resume.md) with the ``resume_token``
+query parameter, its last ``session.created``'s ``session.resume_token``, and the same key or
+client secret as before: the session goes on over the new socket (it keeps its slot: no room is
+needed). A token that is unknown, used, expired or another key's gets an ``error`` event
+(``invalid_resume_token``), then close 1008; no session is made.
 """
 
 from __future__ import annotations
@@ -26,12 +32,18 @@ import logging
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import PlainTextResponse
 
-from duplex.api.auth import websocket_key_ok, websocket_secret, websocket_subprotocol
+from duplex.api.auth import (
+    websocket_credential,
+    websocket_key_ok,
+    websocket_secret,
+    websocket_subprotocol,
+)
 from duplex.api.ephemeral_keys import apply_secret_session
 from duplex.app_state import AppState
 from duplex.client_address import limit_key
 from duplex.protocol.events import error_event
 from duplex.registry import TooManySessions
+from duplex.session.resume import ResumeRefused, ResumeStore
 from duplex.transports.websocket import WebSocketConnection
 
 log = logging.getLogger(__name__)
@@ -49,6 +61,48 @@ async def _refuse(websocket: WebSocket, message: str, code: str) -> None:
     await websocket.close(CLOSE_TRY_AGAIN_LATER, message[:120])
 
 
+async def _resume(websocket: WebSocket, store: ResumeStore, token: str) -> WebSocketConnection | None:
+    """Serve the session ``token`` resumes over ``websocket``, or refuse (module doc)."""
+    try:
+        connection = store.take(token, websocket_credential(websocket))
+        assert isinstance(connection, WebSocketConnection)
+        if await connection.resume(websocket):
+            return connection
+        reason = f"session {connection.id} ended while it was being resumed"
+    except ResumeRefused as err:
+        reason = str(err)
+    log.info("realtime websocket refused: %s", reason)
+    message = "the resume token is unknown, already used, expired or another key's"
+    await websocket.send_text(json.dumps(error_event(message, "invalid_resume_token", param="resume_token")))
+    await websocket.close(CLOSE_POLICY_VIOLATION, "invalid resume token")
+    return None
+
+
+async def _open(websocket: WebSocket, state: AppState, store: ResumeStore, model: str | None,
+                address: str) -> WebSocketConnection | None:
+    """Serve a new session over ``websocket``, or refuse (module doc)."""
+    pipeline = state.serving_pipeline()
+    if pipeline is None:
+        await _refuse(websocket, "the model pipeline is not ready", "pipeline_unavailable")
+        return None
+    try:
+        # Nothing awaits from here to admit(): the room checked is the room taken, and a refused
+        # client costs no Session (VAD state, buffers) left for the garbage collector.
+        state.registry.check_room()
+    except TooManySessions as err:
+        await _refuse(websocket, str(err), "too_many_sessions")
+        return None
+    connection = WebSocketConnection(websocket, state.settings, pipeline, state.registry,
+                                     model or state.settings.preset,
+                                     state.client_events.bucket(address), store)
+    secret = websocket_secret(websocket)
+    if secret is not None and secret.session is not None:
+        apply_secret_session(connection.session, secret.session)
+    connection.admit(websocket_credential(websocket))
+    await connection.run()
+    return connection
+
+
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     state: AppState = websocket.app.state.duplex
@@ -64,25 +118,12 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
         log.info("realtime websocket refused: missing or invalid API key")
         await websocket.close(CLOSE_POLICY_VIOLATION, "missing or invalid API key")
         return
-    pipeline = state.serving_pipeline()
-    if pipeline is None:
-        await _refuse(websocket, "the model pipeline is not ready", "pipeline_unavailable")
-        return
-    try:
-        # Nothing awaits from here to admit(): the room checked is the room taken, and a refused
-        # client costs no Session (VAD state, buffers) left for the garbage collector.
-        state.registry.check_room()
-    except TooManySessions as err:
-        await _refuse(websocket, str(err), "too_many_sessions")
-        return
-    connection = WebSocketConnection(websocket, state.settings, pipeline, state.registry,
-                                     model or state.settings.preset,
-                                     state.client_events.bucket(address))
-    secret = websocket_secret(websocket)
-    if secret is not None and secret.session is not None:
-        apply_secret_session(connection.session, secret.session)
-    connection.admit()
-    await connection.run()
-    if connection.closing is not None and connection.closing.clients_fault:
+    store = state.resumes
+    token = websocket.query_params.get("resume_token")
+    if token is not None:
+        connection = await _resume(websocket, store, token)
+    else:
+        connection = await _open(websocket, state, store, model, address)
+    if connection is not None and connection.closing is not None and connection.closing.clients_fault:
         # Closed for breaking a rule (flooding, garbage): no new session for a while.
         state.new_sessions.bucket(address).penalize(PENALTY_S)

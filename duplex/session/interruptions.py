@@ -147,12 +147,14 @@ class Interruptions:
         if isinstance(self.state, Cancelling):
             self.state.deferred_turn_end = turn_end_at
 
-    async def cancel(self, host: InterruptionHost, resp: Response, reason: str) -> None:
-        """Cancel ``resp``, the conversation's response, and wait until its response.done went out."""
+    async def cancel(self, host: InterruptionHost, resp: Response, reason: str,
+                     heard_ms: int | None = None) -> None:
+        """Cancel ``resp``, the conversation's response, and wait until its response.done went out;
+        with ``heard_ms``, cut it to what the user heard as a barge-in does (a dropped connection)."""
         if isinstance(self.state, Cancelling) and self.state.response is resp:
             await resp.cancel(reason)  # already being cancelled: wait for it
             return
-        self._begin_cancel(host, resp, None)
+        self._begin_cancel(host, resp, heard_ms)
         await self._finish_cancel(host, reason)
 
     def response_done(self, host: InterruptionHost) -> None:

@@ -165,6 +165,31 @@ class Session:
         self._let_go()
         self.log.info("session %s closed", self.id)
 
+    async def connection_lost(self, unsent_ms: dict[str, int]) -> None:
+        """The client's connection dropped and the session waits for a resume (docs/resume.md).
+        Audio that never left the server (``unsent_ms``: per assistant item, the milliseconds at
+        the end of what its playout counted) is dropped, and what was in flight is cut as at a
+        barge-in: the response in flight is cancelled and its item cut to the audio sent, the
+        model's kept state to the same answer tokens; an answer already done whose audio was still
+        waiting is cut as a client's ``conversation.item.truncate`` cuts it; the user's turn in
+        progress (its audio stopped mid-way) is dropped. The rest (history, config, kept state,
+        responses beside the conversation) waits for the client."""
+        unsent = dict(unsent_ms)
+        resp = self._response
+        if resp is not None:
+            held = unsent.pop(resp.item.id, 0)
+            heard_ms = max(0, self.audio.heard_ms() - held) if resp.speaks else None
+            self.log.info("connection lost: response %s cut at %s ms", resp.id, heard_ms)
+            # OpenAI's reasons have none for a dropped connection: the client's own cancel, as
+            # the nearest (idle.py reads the server's hang-up the same way).
+            await self._interruptions.cancel(self, resp, "client_cancelled", heard_ms)
+        for item_id, held in unsent.items():
+            item = self.history.get(item_id)
+            if item is not None and item.spoken_ms and held > 0:
+                await self.truncate_heard(item, max(0, item.spoken_ms - held))
+        if self.config.turn_detection is not None:
+            self._detector.discard_turn()
+
     def _let_go(self) -> None:
         """Cut the references that lead back to this session: its audio reports to it, its
         conversation sends through it, and the transport it sends through owns it. With them, a

@@ -1,4 +1,5 @@
-"""One Realtime WebSocket connection (``GET /v1/realtime``) bound to a Session.
+"""One Realtime WebSocket session (``GET /v1/realtime``): a Session served over one socket at a
+time, and kept for a while when that socket drops.
 
 The WebSocket twin of ``webrtc/call.py``: the same Session (turns, VAD, barge-in, truncation,
 responses) and SessionBinding behind a different transport. Client events arrive as JSON text
@@ -7,11 +8,22 @@ server events leave through one writer task, in the order the session sent them.
 as ``response.output_audio.delta`` events (``ClientPlayout``: the client plays the audio, the server
 counts what it sent).
 
-The connection owns its binding from ``admit`` until ``run`` returns: when the client closes, the
-socket breaks, a message is too large (uvicorn closes with 1009) or the server shuts down, ``run``
-ends the binding (closing the session, releasing the slot) exactly once. There is no inbound-media
-timeout here, unlike WebRTC: a WebSocket client sends audio only when it has some, and the socket
-itself (close frame, TCP reset, uvicorn's keepalive pings) tells when the client is gone.
+Resumption (docs/resume.md, :mod:`duplex.session.resume`): each ``session.created`` carries a new
+resume token (the transport adds it as the event leaves, so that no recording or log line of the
+session's events holds it). When the socket drops (any end but the client's normal close, 1000, or
+a close for breaking the protocol), the session is not ended: it is *detached* — the audio still
+waiting to be written is dropped, the response in flight is cut to the audio written to the socket
+(``Session.connection_lost``), and its slot is kept — until a client presents the token (``resume``:
+a new ``session.created``, then the events the session sent meanwhile, audio aside) or the grace
+period ends (``expire``: the session is ended for good). A resume that finds the session still
+attached (its old socket half-open, as after a phone's network hand-over) ends that socket first,
+as a drop.
+
+The connection owns its binding from ``admit`` until the session ends: when the client closes, a
+message is too large (uvicorn closes with 1009), the server shuts down or the grace period runs
+out, the binding is ended (closing the session, releasing the slot) exactly once. There is no
+inbound-media timeout here, unlike WebRTC: a WebSocket client sends audio only when it has some,
+and the socket itself (close frame, TCP reset, uvicorn's keepalive pings) tells when it is gone.
 """
 
 from __future__ import annotations
@@ -19,15 +31,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from duplex.media.playout import ClientPlayout
 from duplex.protocol.events import new_id
+from duplex.protocol.wire_audio import wire_seconds
 from duplex.rate_limit import TokenBucket
 from duplex.registry import SessionRegistry
 from duplex.session.model_pipeline import ModelPipeline
+from duplex.session.resume import ResumeStore
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
 from duplex.transports.binding import Closing, SessionBinding
@@ -35,10 +50,15 @@ from duplex.transports.binding import Closing, SessionBinding
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 5.0
-# Server events waiting for a client that does not read them (its socket buffers are full). Beyond
-# this the client is ended: a session's memory must not grow with a client that went deaf. A
-# second of agent audio is ~64 kB of events, so this is minutes of a client that only lags.
+# Server events waiting for a client that does not read them (its socket buffers are full), or
+# for a client to resume its session. Beyond this the session is ended: its memory must not grow
+# with a client that went deaf or away. A second of agent audio is ~64 kB of events, so this is
+# minutes of a client that only lags.
 MAX_UNSENT_BYTES = 8 * 1024 * 1024
+AUDIO_DELTA = "response.output_audio.delta"
+# Close codes after which the session is not kept for a resume: the client's normal closure (it
+# is done) and those that say it broke the protocol (garbage, a message too large, ...).
+FINAL_CLOSE_CODES = frozenset({1000, 1002, 1003, 1007, 1008, 1009, 1010})
 
 
 class WebSocketConnection:
@@ -46,7 +66,8 @@ class WebSocketConnection:
 
     def __init__(self, websocket: WebSocket, settings: ServerSettings, pipeline: ModelPipeline,
                  registry: SessionRegistry, model_name: str,
-                 client_budget: TokenBucket | None = None) -> None:
+                 client_budget: TokenBucket | None = None,
+                 resume: ResumeStore | None = None) -> None:
         self.id = new_id("sess")
         self.websocket = websocket
         # Events, then a Closing queued after those that must go out first (the writer then closes).
@@ -57,57 +78,177 @@ class WebSocketConnection:
         # client_budget: the client address's events over all its connections (AppState).
         self.binding = SessionBinding(self.session, registry, self._close,
                                       shared_budget=client_budget, record_dir=settings.record_dir)
-        self._task: asyncio.Task[Any] | None = None
+        self._registry = registry
+        self._resume = resume if resume is not None and resume.enabled else None
+        self._task: asyncio.Task[Any] | None = None  # serves the current socket
+        self._reader: asyncio.Task[tuple[str, bool]] | None = None
+        self._served = asyncio.Event()  # set while no socket is served (detached or ended)
+        self._served.set()
+        self._detached = False  # the socket dropped: waiting for a resume
         self._deaf = False  # the client stopped reading: the connection is being ended
         self.closing: Closing | None = None  # why the server ended the connection, if it did
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
 
-    def admit(self) -> None:
-        """Take a slot in the registry; raises TooManySessions."""
+    def admit(self, credential: str | None = None) -> None:
+        """Take a slot in the registry (raises TooManySessions); a client that authenticates with
+        ``credential`` may resume the session."""
         self.binding.admit()
+        if self._resume is not None:
+            self._resume.enrol(self, credential)
 
     async def run(self) -> None:
-        """Serve the connection until it ends, then release everything (call after ``admit``)."""
+        """Serve the first socket until it ends (call after ``admit``)."""
+        await self._serve(self.websocket, self.binding.start)
+
+    async def resume(self, websocket: WebSocket) -> bool:
+        """Serve the session again over ``websocket``, whose client presented its resume token;
+        False, at once, where the session ended meanwhile (its old socket closed for good)."""
+        if not self._served.is_set():
+            # Still attached (the old socket half-open): that socket is ended as a drop.
+            self.log.info("resumed while attached: the previous socket is let go")
+            if self._reader is not None:
+                self._reader.cancel()
+            try:
+                await self._served.wait()
+            except asyncio.CancelledError:
+                await self._end("cancelled while resuming")
+                raise
+        if self.binding.ended.is_set() or self.closing is not None:
+            return False
+        held = self._take_outbox()
+        self._detached = False
+        self._registry.attach(self.id)
+        self.log.info("session resumed (%d events held for the client)", len(held))
+
+        def restart() -> None:
+            self.session.start()  # session.created, with the next token, before what was held
+            for item in held:
+                self._queue(item)
+
+        await self._serve(websocket, restart)
+        return True
+
+    async def expire(self) -> None:
+        """Nobody resumed the session within the grace period: it ends for good."""
+        await self._end("no resume within the grace period")
+
+    async def _serve(self, websocket: WebSocket, start: Callable[[], None]) -> None:
+        """Serve ``websocket`` until it ends; then detach the session, or end it."""
+        self.websocket = websocket
+        self._served.clear()
         self._task = asyncio.current_task()
         writer = asyncio.get_running_loop().create_task(self._write())
-        reason = "cancelled"
+        reason, resumable = "cancelled", False
         try:
-            self.binding.start()
-            reason = await self._read()
+            start()
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+            reason, resumable = await self._reader
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._reader is None or not self._reader.cancelled() or (task and task.cancelling()):
+                raise
+            reason, resumable = "replaced by a resumed connection", True
         finally:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
-            await self.binding.end(f"websocket {reason}")
+            try:
+                if resumable and self._resume is not None and self.closing is None and not self._deaf:
+                    await self._detach(reason)
+                else:
+                    await self._end(f"websocket {reason}")
+            finally:
+                # A finished task holds its frames: no reference cycle through this connection.
+                self._reader = self._task = None
+                self._served.set()
+
+    async def _detach(self, reason: str) -> None:
+        """The socket dropped: keep the session for a resume (module doc)."""
+        assert self._resume is not None
+        self._detached = True
+        self._registry.detach(self.id)
+        self._resume.detached(self)
+        self.log.info("websocket %s: the session is kept for a resume (%g s)", reason, self._resume.grace_s)
+        await self.session.connection_lost(self._drop_unsent_audio())
+
+    async def _end(self, reason: str) -> None:
+        if self._resume is not None:
+            self._resume.forget(self)
+        await self.binding.end(reason)
 
     async def _close(self, closing: Closing) -> None:
-        """End the connection from the server (shutdown, flood): close frame after the events
-        already queued, then wait for ``run``."""
+        """End the connection from the server (shutdown, flood, hang-up): close frame after the
+        events already queued, then wait for ``run``; a detached session just ends."""
         self.closing = self.closing or closing
+        if self._detached:
+            await self._end(closing.reason)
+            return
         self._outbox.put_nowait(closing)
         await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
     # --- SessionTransport --------------------------------------------------------------------
 
     def send_event(self, event: dict[str, Any]) -> None:
-        text = json.dumps(event)
+        kind = event.get("type")
+        if kind == AUDIO_DELTA and self._detached:
+            return  # nobody hears it: audio in flight is dropped
+        if kind == "session.created" and self._resume is not None:
+            token = self._resume.issue(self)
+            if token is not None:
+                event = {**event, "session": {**event["session"], "resume_token": token}}
+        self._queue(json.dumps(event))
+
+    def _queue(self, text: str) -> None:
         if self._unsent + len(text) <= MAX_UNSENT_BYTES:
             self._unsent += len(text)
             self._outbox.put_nowait(text)
             return
-        if not self._deaf and self._task is not None:
-            self._deaf = True
+        if self._deaf:
+            return
+        self._deaf = True
+        if self._detached:
+            self.log.warning("more than %d MiB of events wait for a resume: ending the session",
+                             MAX_UNSENT_BYTES >> 20)
+            asyncio.get_running_loop().create_task(self._end("too many events waiting for a resume"))
+        elif self._task is not None:
             self.log.warning("the client reads none of its last %d MiB of events: ending the session",
                              MAX_UNSENT_BYTES >> 20)
             self._task.cancel()
 
+    def _take_outbox(self) -> list[str]:
+        """Empty the outbox; returns the events it held (a Closing ends nothing of a session that
+        is resumed: it was queued for the socket that dropped)."""
+        held: list[str] = []
+        while not self._outbox.empty():
+            item = self._outbox.get_nowait()
+            if isinstance(item, str):
+                held.append(item)
+        self._unsent = 0
+        return held
+
+    def _drop_unsent_audio(self) -> dict[str, int]:
+        """Drop the audio the socket never took (the outbox's audio deltas); returns how many
+        milliseconds of each item's audio it held."""
+        fmt = self.session.config.output_format
+        unsent: dict[str, float] = {}
+        for text in self._take_outbox():
+            event = json.loads(text)
+            if event.get("type") == AUDIO_DELTA:
+                item_id = str(event.get("item_id"))
+                unsent[item_id] = unsent.get(item_id, 0.0) + wire_seconds(fmt, event.get("delta", ""))
+            else:
+                self._queue(text)
+        return {item_id: round(seconds * 1000) for item_id, seconds in unsent.items()}
+
     # --- the two directions ------------------------------------------------------------------
 
-    async def _read(self) -> str:
-        """Client events, one at a time, until the client is gone; returns why it ended."""
+    async def _read(self) -> tuple[str, bool]:
+        """Client events, one at a time, until the client is gone; returns why it ended, and
+        whether the session may wait for a resume."""
         while True:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
-                return f"closed with {message.get('code')}"
+                code = message.get("code")
+                return f"closed with {code}", code not in FINAL_CLOSE_CODES
             if not self.binding.admit_event():
                 continue
             event = self.binding.parse(message.get("text") or message.get("bytes") or b"")

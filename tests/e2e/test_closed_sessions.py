@@ -86,6 +86,17 @@ def the_binding(state: AppState) -> SessionBinding:
 
 
 
+def realtime_session_refs(state: AppState) -> dict[str, weakref.ref[Any]]:
+    """Weak references to the objects of the one Realtime WebSocket session the server holds."""
+    binding = the_binding(state)
+    session = binding.session
+    decoder = binding.events._decoder
+    assert decoder is not None
+    return {"connection": weakref.ref(session.transport), "binding": weakref.ref(binding),
+            "session": weakref.ref(session), "playout": weakref.ref(session.audio),
+            "inbound resampler": weakref.ref(decoder._resampler)}
+
+
 async def assert_freed(refs: dict[str, weakref.ref[Any]], state: AppState) -> None:
     """Every object of ``refs`` is gone once the session ended (its last tasks wind down over a few
     loop turns; a reference cycle would keep it for good, the collector being off)."""
@@ -117,14 +128,7 @@ async def test_a_closed_realtime_websocket_session_is_freed_at_once(
             await ws.send(json.dumps({"type": "conversation.item.create", "item": user}))
             await ws.send(json.dumps({"type": "response.create"}))
             await receive_until(ws, "response.done")
-            binding = the_binding(state)
-            session = binding.session
-            decoder = binding.events._decoder
-            assert decoder is not None
-            refs = {"connection": weakref.ref(session.transport), "binding": weakref.ref(binding),
-                    "session": weakref.ref(session), "playout": weakref.ref(session.audio),
-                    "inbound resampler": weakref.ref(decoder._resampler)}
-            del binding, session, decoder
+            refs = realtime_session_refs(state)
             # The socket closes while the second answer is being spoken: the session cancels it.
             await ws.send(json.dumps({"type": "response.create"}))
             await receive_until(ws, "response.output_audio.delta")
