@@ -81,11 +81,17 @@ class SessionDefaults(BaseModel):
     # slot; 0: a dropped connection ends its session at once.
     resume_grace_s: float = Field(default=30.0, ge=0, le=600)
 
+    # Cancel the agent's own echo from every caller's audio (duplex/media/front_end.py), on every
+    # transport; ``--no-echo-cancellation`` turns it off for the server, a session's
+    # ``audio.input.echo_cancellation: false`` for itself.
+    echo_cancellation: bool = True
+
     def session_config(self) -> SessionConfig:
         """A new session's settings, before any ``session.update``."""
         return SessionConfig(instructions=self.instructions, voice=self.voice,
                              max_output_tokens=self.max_output_tokens,
-                             turn_detection=self.turn_detection)
+                             turn_detection=self.turn_detection,
+                             echo_cancellation=self.echo_cancellation)
 
 
 class ServerSettings(BaseModel):
@@ -142,6 +148,17 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _echo_cancellation(cls, data: Any) -> Any:
+        """``--[no-]echo-cancellation`` (a server option) is the sessions' default."""
+        if isinstance(data, dict) and "echo_cancellation" in data:
+            data = dict(data)
+            session = data.get("session") or {}
+            if isinstance(session, dict):
+                data["session"] = {**session, "echo_cancellation": data.pop("echo_cancellation")}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _voice_map(cls, data: Any) -> Any:
         """The file's top-level ``voice_map`` becomes the sessions' ``session.voice_map``: every
         OpenAI voice name maps to one of ``voices`` (the first unless the file says otherwise)."""
@@ -189,6 +206,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "call_webhook_secret": {},
     "call_decision_timeout_s": {"type": float},
     "pipeline_mode": {"choices": ["process", "inproc"]},
+    "echo_cancellation": {"action": argparse.BooleanOptionalAction},
 }
 
 

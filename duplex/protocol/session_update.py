@@ -96,6 +96,13 @@ def _noise_reduction(raw: Any, param: str) -> dict[str, Any] | None:
     return dict(raw)
 
 
+def _echo_cancellation(raw: Any, param: str) -> bool:
+    """duplex's own field: whether the server cancels the agent's echo (duplex/media/front_end.py)."""
+    if not isinstance(raw, bool):
+        raise RealtimeError(f"{param} must be true or false", param=param)
+    return raw
+
+
 def _speed(raw: Any, param: str) -> float:
     value = float(expect(raw, (int, float), param))
     if not SPEED_RANGE[0] <= value <= SPEED_RANGE[1]:
@@ -209,6 +216,7 @@ def apply_session_update(config: SessionConfig, session: dict[str, Any], voices:
         "turn_detection": ("turn_detection", lambda raw, p: turn_detection(raw, config.turn_detection, p)),
         "transcription": ("transcription", _transcription),
         "noise_reduction": ("noise_reduction", _noise_reduction),
+        "echo_cancellation": ("echo_cancellation", _echo_cancellation),
     }
     audio_out: dict[str, tuple[str, Parse]] = {
         "format": ("output_format", audio_format),
@@ -270,6 +278,7 @@ def session_object(session_id: str, config: SessionConfig, model: str) -> dict[s
                 "format": format_object(config.input_format),
                 "transcription": config.transcription,
                 "noise_reduction": config.noise_reduction,
+                "echo_cancellation": config.echo_cancellation,  # duplex's own
                 "turn_detection": turn_detection_object(config.turn_detection),
             },
             "output": {"format": format_object(config.output_format), "voice": config.voice,

@@ -22,8 +22,9 @@ class SessionConfig:
     Applied: instructions, voice, output_modalities, max_output_tokens, turn_detection, formats,
     tools and tool_choice (function calls), transcription (presets whose model does not transcribe
     run their recognition stage only when it is set, or under semantic_vad; a model that
-    transcribes anyway reports every turn; its model name is recorded, not chosen). Recorded and
-    echoed only (the model has no such knob): noise_reduction, speed, tracing, include,
+    transcribes anyway reports every turn; its model name is recorded, not chosen),
+    noise_reduction and echo_cancellation (duplex/media/front_end.py). Recorded and echoed only
+    (the model has no such knob): speed, tracing, include,
     truncation, prompt."""
 
     instructions: str
@@ -35,6 +36,9 @@ class SessionConfig:
     output_format: str = "audio/pcm"
     transcription: dict[str, Any] | None = None
     noise_reduction: dict[str, Any] | None = None
+    # duplex's own ``audio.input.echo_cancellation``: cancel the agent's echo from the caller's
+    # audio (duplex/media/front_end.py); the server's default is ``SessionDefaults.echo_cancellation``.
+    echo_cancellation: bool = True
     speed: float = 1.0
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from duplex.media.front_end import AudioFrontEnd
 from duplex.media.playout import AgentAudio
 from duplex.media.recording import CallRecording
 from duplex.protocol.events import RealtimeError, event, new_id
@@ -119,6 +120,9 @@ class Session:
         self.idle = Idle(self, defaults)  # idle timeout, check-ins, longest call
         self.recording: CallRecording | None = None  # the binding's, with --record-dir
         audio.listener = self
+        # Echo cancellation and noise suppression of the caller's audio; it taps ``audio`` for
+        # what the caller heard (duplex/media/front_end.py).
+        self.front_end = AudioFrontEnd(audio, {"session_id": session_id})
 
     @property
     def _max_turn_ms(self) -> int:
@@ -162,6 +166,7 @@ class Session:
         await self.mcp.close()
         self.history.clear()
         self._input.clear()
+        self.front_end.close()
         self._let_go()
         self.log.info("session %s closed", self.id)
 
@@ -222,9 +227,10 @@ class Session:
         if self._closed:
             return
         received_at = time.monotonic() if received_at is None else received_at
-        self._arrivals.note(len(samples), received_at)
         if self.recording is not None:
             self.recording.caller(samples, received_at)
+        samples = self.front_end.process(samples, received_at, self.config)
+        self._arrivals.note(len(samples), received_at)
         if self.config.turn_detection is None:
             self._input.append(samples)
             return

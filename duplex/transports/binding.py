@@ -138,7 +138,8 @@ class SessionBinding:
         except OSError as err:
             self.log.warning("the call cannot be recorded: %s", err)
             return
-        self.recording = session.recording = session.audio.tap = recording
+        # The agent's audio reaches it through the front end's tap (the echo canceller's far end).
+        self.recording = session.recording = session.front_end.far_end.downstream = recording
         session.transport = _RecordedTransport(session.transport, recording)
 
     def _hang_up(self, reason: str) -> None:

@@ -1,0 +1,85 @@
+"""What the speakerphone tests share (tests/e2e/test_echo_*.py): a pipeline fake that answers in
+espeak speech (the toy's tones are no speech to the VAD: their echo would interrupt nothing), and
+the acoustic path from a loudspeaker back into the microphone next to it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import numpy as np
+from aiortc import RTCSessionDescription
+
+from harness.peers import ClientPeer
+from harness.scripted_pipeline import ScriptedPipeline
+from harness.speech import speech
+from pipeline.proto import OmniRequest, OutputChunk
+
+ANSWER_RATE = 24000
+ANSWER = ("Tomorrow will be sunny in the morning, with clouds in the afternoon and a light breeze "
+          "from the west.")
+QUESTION = "What will the weather be like tomorrow?"
+INTERRUPTION = "Stop, stop. What about the weekend?"
+
+
+def answer_audio() -> np.ndarray:
+    return speech(ANSWER, ANSWER_RATE, 0.0, 0.1)
+
+
+class SpeakingPipeline(ScriptedPipeline):
+    """Answers every request with :data:`ANSWER` in espeak speech, sent as fast as it is taken,
+    100 ms a chunk; an abort ends the answer."""
+
+    async def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+        self.requests.append(request)
+        rid = request.request_id
+        audio = answer_audio()
+        yield OutputChunk(rid, "decode", {"text": ANSWER})
+        step = ANSWER_RATE // 10
+        for start in range(0, len(audio), step):
+            if rid in self.aborted:
+                return
+            yield OutputChunk(rid, "code2wav", {"audio": audio[start:start + step],
+                                                "sample_rate": ANSWER_RATE})
+            await asyncio.sleep(0)
+
+
+class EchoPath:
+    """Loudspeaker to microphone: ``delay_s`` (the room, the device, the network both ways) and a
+    synthetic room impulse response (60 ms, a direct path and an exponential tail) at -6 dB.
+    ``hear`` takes what the loudspeaker played next and gives what the microphone picked up of it,
+    as long; it keeps what is still on its way."""
+
+    def __init__(self, rate: int, delay_s: float) -> None:
+        rng = np.random.default_rng(7)
+        t = np.arange(int(0.06 * rate)) / rate
+        h = rng.standard_normal(len(t)) * np.exp(-6.9 * t / 0.15) * 0.3
+        h[0] = 1.0
+        self._room = (0.5 * h / np.sqrt(np.sum(h ** 2))).astype(np.float32)
+        self._line = np.zeros(int(delay_s * rate), dtype=np.float32)  # played, on its way back
+        self._tail = np.zeros(len(self._room) - 1, dtype=np.float32)
+
+    @property
+    def quiet(self) -> bool:
+        """Whether nothing played is still on its way to the microphone."""
+        return not np.any(self._line)
+
+    def hear(self, played: np.ndarray) -> np.ndarray:
+        line = np.concatenate([self._line, played.astype(np.float32)])
+        arriving, self._line = line[: len(played)], line[len(played):]
+        heard = np.convolve(np.concatenate([self._tail, arriving]), self._room, mode="valid")
+        self._tail = np.concatenate([self._tail, arriving])[-len(self._tail):]
+        return heard.astype(np.float32)
+
+
+async def dial(http: httpx.AsyncClient, peer: ClientPeer) -> str:
+    """A WebRTC call to the app behind ``http`` (``POST /v1/realtime/calls`` with ``peer``'s
+    offer), once its session was created; the call's id."""
+    answer = await http.post("/v1/realtime/calls", content=await peer.offer(),
+                             headers={"Content-Type": "application/sdp"})
+    assert answer.status_code == 201, answer.text
+    await peer.pc.setRemoteDescription(
+        RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
+    await peer.wait_for(lambda: any(e["type"] == "session.created" for e in peer.events()))
+    return str(answer.headers["location"].rsplit("/", 1)[1])

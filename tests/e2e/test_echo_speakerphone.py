@@ -1,0 +1,192 @@
+"""A caller on a speakerphone, over the Realtime WebSocket: the app (duplex.serve's) on a real
+uvicorn server in this process, a pipeline fake that answers in espeak speech (the toy's tones are
+no speech to the VAD, so its echo would never interrupt anything), and a ``websockets`` client
+that plays the agent's audio as it comes, in real time, and whose microphone hears it again
+``DELAY_S`` later through a synthetic room, plus the caller's own words.
+
+With echo cancellation (the default) the agent answers to its end; without it (the session's
+``audio.input.echo_cancellation: false``) the agent hears itself and interrupts itself. Double
+talk: the caller's words over the echo interrupt as the VAD allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import uvicorn
+import websockets
+
+from duplex.serve import create_app
+from duplex.settings import load_preset
+from duplex.transports.webrtc.ice import IcePolicy
+from harness.peers import Changes
+from harness.server import free_port, write_preset
+from harness.speech import speech
+from tests.e2e.speakerphone import (
+    ANSWER_RATE,
+    INTERRUPTION,
+    QUESTION,
+    EchoPath,
+    SpeakingPipeline,
+    answer_audio,
+)
+from tests.operators.conftest import toy_pipeline
+
+RATE = ANSWER_RATE  # audio/pcm, both ways
+TICK = RATE // 50  # the microphone sends 20 ms at a time, in real time
+DELAY_S = 0.2  # loudspeaker to microphone, and back through the network
+TIMEOUT = 30.0
+ANSWER_SAMPLES = len(answer_audio())
+
+
+class Speakerphone(Changes):
+    """A Realtime client whose loudspeaker is heard by its microphone (see module doc). It stops
+    playing at ``input_audio_buffer.speech_started``, as a Realtime client must."""
+
+    def __init__(self, ws: Any, user: np.ndarray) -> None:
+        super().__init__()
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+        self.user = user  # what the caller says, from the microphone's first sample on
+        self._queue = np.zeros(0, dtype=np.float32)  # agent audio received, not played yet
+        self.echo = EchoPath(RATE, DELAY_S)
+        self.sent = 0  # microphone samples sent
+        self.played = 0  # agent samples the loudspeaker played
+        self.talk_at: int | None = None  # where (microphone samples) the caller's words go in
+
+    async def read(self) -> None:
+        async for raw in self.ws:
+            event = json.loads(raw)
+            self.events.append(event)
+            if event["type"] == "response.output_audio.delta":
+                pcm = np.frombuffer(base64.b64decode(event["delta"]), dtype="<i2")
+                self._queue = np.concatenate([self._queue, pcm.astype(np.float32) / 32768.0])
+            elif event["type"] == "input_audio_buffer.speech_started":
+                self._queue = self._queue[:0]
+            self.notify()
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    def _tick(self) -> np.ndarray:
+        """20 ms: the loudspeaker plays, the room and the delay carry it, the microphone hears."""
+        played = np.zeros(TICK, dtype=np.float32)
+        take = min(TICK, len(self._queue))
+        played[:take], self._queue = self._queue[:take], self._queue[take:]
+        self.played += take
+        mic = self.echo.hear(played)
+        if self.talk_at is not None:
+            words = self.user[self.sent - self.talk_at : self.sent - self.talk_at + TICK]
+            mic[: len(words)] += words
+        return mic
+
+    async def microphone(self) -> None:
+        """Sends the microphone in real time (a microphone's pace, not a synchronisation)."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            pcm = np.clip(np.round(self._tick() * 32768.0), -32768, 32767).astype("<i2")
+            await self.ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                           "audio": base64.b64encode(pcm.tobytes()).decode()}))
+            self.sent += TICK
+            self.notify()
+            due += TICK / RATE
+            await asyncio.sleep(max(0.0, due - loop.time()))
+
+    async def until(self, condition: Any, what: str) -> Any:
+        try:
+            return await self.wait_for(condition, TIMEOUT)
+        except TimeoutError:
+            raise AssertionError(f"no {what}: {[e['type'] for e in self.events][-15:]}") from None
+
+
+@pytest.fixture(scope="module")
+async def port(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[int]:
+    tmp: Path = tmp_path_factory.mktemp("echo")
+    path = write_preset(tmp / "preset.yaml", pipeline=toy_pipeline(), pipeline_mode="inproc",
+                        session={"turn_detection": {"type": "server_vad"}})
+    app = create_app(load_preset(["--config", str(path)], environ={}), IcePolicy(hosts=("127.0.0.1",)))
+    app.state.duplex.pipeline = SpeakingPipeline()  # no lifespan: the preset's pipeline never starts
+    number = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=number, lifespan="off",
+                                           log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(TIMEOUT):
+        while not server.started:
+            await asyncio.sleep(0.01)
+    yield number
+    server.should_exit = True
+    await task
+
+
+async def call(port: int, session: dict[str, Any], interrupt_after_s: float | None = None
+               ) -> Speakerphone:
+    """One call: the question, then the answer heard on the speakerphone (and, with
+    ``interrupt_after_s``, the caller's interruption that far into it), until the answer is done
+    and its echo has come back."""
+    question = speech(QUESTION, RATE, 0.2, 0.0)
+    interruption = speech(INTERRUPTION, RATE, 0.0, 0.5, voice="en-us+f3")
+    async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime?model=gpt-realtime") as ws:
+        phone = Speakerphone(ws, question)
+        reader = asyncio.create_task(phone.read())
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        await phone.until(lambda: phone.of("session.updated"), "session.updated")
+        phone.talk_at = 0
+        mic = asyncio.create_task(phone.microphone())
+        try:
+            await phone.until(lambda: phone.of("response.created"), "an answer")
+            if interrupt_after_s is not None:
+                await phone.until(lambda: phone.played >= interrupt_after_s * RATE, "playback")
+                phone.user, phone.talk_at = interruption, phone.sent
+            await phone.until(lambda: phone.of("response.done"), "response.done")
+            # The rest of the answer plays out (unless stopped) and its echo comes back.
+            await phone.until(lambda: not len(phone._queue) and phone.echo.quiet, "the echo")
+            quiet_until = phone.sent + int(0.8 * RATE)
+            await phone.until(lambda: phone.sent >= quiet_until, "the echo's tail")
+        finally:
+            mic.cancel()
+            reader.cancel()
+            await asyncio.gather(mic, reader, return_exceptions=True)
+    return phone
+
+
+def audio_input(**fields: Any) -> dict[str, Any]:
+    return {"type": "realtime", "audio": {"input": fields}}
+
+
+async def test_with_echo_cancellation_the_agent_answers_to_its_end(port: int) -> None:
+    phone = await call(port, audio_input())
+    done = phone.of("response.done")
+    assert [d["response"]["status"] for d in done] == ["completed"], done
+    assert len(phone.of("input_audio_buffer.speech_started")) == 1  # the question only
+    assert phone.played == ANSWER_SAMPLES
+
+
+async def test_without_echo_cancellation_the_agent_interrupts_itself(port: int) -> None:
+    """The same call with the session's echo cancellation off: the agent's echo starts a turn while
+    the answer plays, and the client, as it must, stops playing it there."""
+    phone = await call(port, audio_input(echo_cancellation=False))
+    assert phone.of("session.updated")[-1]["session"]["audio"]["input"]["echo_cancellation"] is False
+    starts = phone.of("input_audio_buffer.speech_started")
+    assert len(starts) >= 2, [e["type"] for e in phone.events]
+    assert phone.played < ANSWER_SAMPLES - RATE, phone.played / RATE
+
+
+async def test_the_callers_words_over_the_echo_interrupt_it(port: int) -> None:
+    """Double talk: 1.5 s into the answer the caller speaks over its echo; the VAD hears the words
+    (speech_started's onset within 300 ms of them) and the client stops the answer there."""
+    phone = await call(port, audio_input(), interrupt_after_s=1.5)
+    starts = phone.of("input_audio_buffer.speech_started")
+    assert len(starts) == 2, [e["type"] for e in phone.events]
+    voiced = np.flatnonzero(np.abs(speech(INTERRUPTION, RATE, 0.0, 0.5, voice="en-us+f3")) > 0.02)
+    assert phone.talk_at is not None
+    onset_ms = (phone.talk_at + voiced[0]) * 1000 // RATE
+    assert abs(starts[1]["audio_start_ms"] - onset_ms) <= 300, (starts[1], onset_ms)
+    assert phone.played < ANSWER_SAMPLES - RATE, phone.played / RATE
