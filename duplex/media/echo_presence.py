@@ -54,9 +54,6 @@ class EchoPresence:
         # evidence gathers (the agent's first 100-200 ms, enough for the VAD to hear itself);
         # a line without echo is told by the caller's first words over the agent (~50 ms).
         self.present = True
-        # Whether an echo was ever seen (not only assumed): only then may one still be coming
-        # back after the agent's audio ended (the front end's tail).
-        self.seen = False
         self.correlation = 0.0  # the best one at the last decision (diagnostics)
 
     def update(self, far: np.ndarray, near: np.ndarray) -> bool:
@@ -83,6 +80,6 @@ class EchoPresence:
         corr = np.where(norms > 0, centred @ near / np.maximum(norms, 1e-12), 0.0)
         self.correlation = float(corr.max())
         if self.correlation >= ON:
-            self.present = self.seen = True
+            self.present = True
         elif self.correlation < OFF:
             self.present = False

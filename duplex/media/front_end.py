@@ -136,13 +136,8 @@ class AudioFrontEnd:
         # stages' delay, and AEC3 sees neither stream, so the two stay aligned across the gap.
         # Engaging delays the audio by ~18 ms (its first samples are silence), disengaging drops
         # the ~18 ms held: as the agent starts, and ECHO_TAIL_S after it ended.
-        # The tail only where an echo was seen: on a line without one, a caller who answers
-        # within ECHO_TAIL_S of the agent's last word would have that answer's first words go
-        # through AEC3 (measured over WebRTC, evaluation/answer_latency.py: turn decisions
-        # p50 1025 ms with the tail on every line, 553 ms with cancellation off).
-        tail = ECHO_TAIL_S if self.echo is not None and self.echo.presence.seen else 0.0
         needed = self._noise is not None or self.far_end.playing(
-            start - int(tail * RATE), self._near_end)
+            start - int(ECHO_TAIL_S * RATE), self._near_end)
         if not needed:
             self._engaged = False
             return samples

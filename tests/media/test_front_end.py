@@ -211,33 +211,3 @@ def test_a_session_update_switches_processing_on_and_off() -> None:
         assert fe.engaged is (cfg.noise_reduction is not None)  # no agent audio: echo idles
     fe.close()
     assert not fe.active
-
-
-def test_a_quick_reply_on_a_line_without_echo_passes_untouched() -> None:
-    """A caller (a headset, a browser that cancelled the echo itself) answers 100 ms after the
-    agent's last word: no echo was ever seen on the line, so the reply is not held for an echo
-    tail and reaches the VAD exactly as it came. With an echo seen, the tail is cancelled."""
-    clock = Clock()
-    fe, _ = front_end(clock)
-    agent48 = speech(AGENT, 48000, 0.0, 0.0)[: 48000]  # one second of the agent
-    reply = speech("Yes, thank you.", RATE, 0.0, 0.0)
-    played = len(agent48) // 3
-    mic = np.zeros(played + int(0.1 * RATE) + len(reply), dtype=np.float32)
-    mic[played + int(0.1 * RATE):] = reply
-    out = []
-    for i in range(0, len(mic) - CHUNK + 1, CHUNK):
-        frame = agent48[i * 3 : (i + CHUNK) * 3]
-        if len(frame):
-            fe.far_end.agent_played(frame, 48000, clock.now)
-        clock.now += CHUNK / RATE
-        out.append(fe.process(mic[i : i + CHUNK], clock.now, config()))
-    after = played + int(0.1 * RATE)
-    heard = np.concatenate(out)
-    assert not fe.echo.presence.seen
-    assert np.array_equal(heard[after:], mic[after : len(heard)])
-
-    # On a speakerphone (its echo seen during the answer) the tail is still cancelled.
-    clock2 = Clock()
-    fe2, _ = front_end(clock2)
-    speakerphone(fe2, clock2, 0.25, config())
-    assert fe2.echo.presence.seen
