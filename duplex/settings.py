@@ -81,17 +81,19 @@ class SessionDefaults(BaseModel):
     # slot; 0: a dropped connection ends its session at once.
     resume_grace_s: float = Field(default=30.0, ge=0, le=600)
 
-    # Cancel the agent's own echo from every caller's audio (duplex/media/front_end.py), on every
-    # transport; ``--no-echo-cancellation`` turns it off for the server, a session's
-    # ``audio.input.echo_cancellation: false`` for itself.
-    echo_cancellation: bool = True
+    # Cancel the agent's own echo from the caller's audio (duplex/media/front_end.py). None: on
+    # for SIP, Twilio and the WebSocket, off for WebRTC, whose browsers cancel it themselves (and
+    # where the server's canceller, measured, slowed turn decisions: docs/audio_processing.md);
+    # ``--[no-]echo-cancellation`` sets it for every transport, a session's
+    # ``audio.input.echo_cancellation`` for itself.
+    echo_cancellation: bool | None = None
 
     def session_config(self) -> SessionConfig:
         """A new session's settings, before any ``session.update``."""
         return SessionConfig(instructions=self.instructions, voice=self.voice,
                              max_output_tokens=self.max_output_tokens,
                              turn_detection=self.turn_detection,
-                             echo_cancellation=self.echo_cancellation)
+                             echo_cancellation=self.echo_cancellation is not False)
 
 
 class ServerSettings(BaseModel):

@@ -4,9 +4,10 @@ What a caller sends passes here first, before the VAD, turn detection and recogn
 (``Session.on_audio``). Two jobs, both done by WebRTC's audio processing module (the one browsers
 run; duplex/media/apm.py):
 
-- **Echo cancellation** (AEC3), on by default on every transport (``--no-echo-cancellation`` or a
-  preset's ``session.echo_cancellation: false`` turn it off for the server, a session's
-  ``audio.input.echo_cancellation: false`` for itself): phones, SIP desk phones in hands-free mode,
+- **Echo cancellation** (AEC3), on by default for SIP, Twilio and the WebSocket, off for WebRTC
+  whose browsers cancel their own echo (``--[no-]echo-cancellation`` or a preset's
+  ``session.echo_cancellation`` set it for every transport, a session's
+  ``audio.input.echo_cancellation`` for itself): phones, SIP desk phones in hands-free mode,
   embedded devices and many Realtime WebSocket clients cancel nothing, and the agent would hear
   itself and interrupt itself. Its far-end reference is :class:`~duplex.media.far_end.FarEnd`, the
   AgentAudio's tap: the agent's audio as the caller heard it, on the transport's clock. Its output

@@ -99,5 +99,6 @@ async def test_the_server_setting_is_every_sessions_default() -> None:
     host = Host(**defaults.model_dump(exclude={"voice_map"}))
     host.feed(np.zeros(STEP, dtype=np.float32))
     assert host.session.config.echo_cancellation is False and host.session.front_end.echo is None
-    assert load_preset(["--preset", "toy"], environ={}).settings.session.echo_cancellation is True
+    default = load_preset(["--preset", "toy"], environ={}).settings.session
+    assert default.echo_cancellation is None and default.session_config().echo_cancellation is True
     await host.session.close()
