@@ -88,12 +88,14 @@ class SessionDefaults(BaseModel):
     # ``audio.input.echo_cancellation`` for itself.
     echo_cancellation: bool | None = None
 
-    def session_config(self) -> SessionConfig:
-        """A new session's settings, before any ``session.update``."""
+    def session_config(self, transport: str | None = None) -> SessionConfig:
+        """A new session's settings on ``transport`` (its kind: "webrtc", "sip", ...), before
+        any ``session.update``."""
+        echo = self.echo_cancellation
         return SessionConfig(instructions=self.instructions, voice=self.voice,
                              max_output_tokens=self.max_output_tokens,
                              turn_detection=self.turn_detection,
-                             echo_cancellation=self.echo_cancellation is not False)
+                             echo_cancellation=transport != "webrtc" if echo is None else echo)
 
 
 class ServerSettings(BaseModel):

@@ -91,7 +91,7 @@ class Session:
         self.defaults = defaults
         self.voices = voices
         self.model_name = model_name
-        self.config = defaults.session_config()
+        self.config = defaults.session_config(transport.kind)
         self.history = History(defaults.max_input_audio_s)
         self.conversation = Conversation(self.history, self.send)
         self.state = State.LISTENING

@@ -101,4 +101,5 @@ async def test_the_server_setting_is_every_sessions_default() -> None:
     assert host.session.config.echo_cancellation is False and host.session.front_end.echo is None
     default = load_preset(["--preset", "toy"], environ={}).settings.session
     assert default.echo_cancellation is None and default.session_config().echo_cancellation is True
+    assert default.session_config("webrtc").echo_cancellation is False  # browsers cancel their own
     await host.session.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 
 import numpy as np
 
@@ -35,8 +34,6 @@ class WebRTCCall:
         self.peer = CallPeer(self.id, policy, self)
         self.session = Session(self.id, self, PacedPlayout(self.peer.outbound), pipeline,
                                settings.session, settings.voices, model_name)
-        if settings.session.echo_cancellation is None:  # a browser cancels its own echo
-            self.session.reconfigure(replace(self.session.config, echo_cancellation=False))
         self.binding = SessionBinding(self.session, registry, self._close_peer,
                                       settings.session.inbound_media_timeout_s,
                                       record_dir=settings.record_dir)
