@@ -28,8 +28,7 @@ from duplex.registry import TooManySessions
 from duplex.session.config import SessionConfig
 from duplex.settings import SessionDefaults
 from duplex.transports.sip.agent import SipAgent
-from duplex.transports.sip.handler import CallRefused, ReferError
-from duplex.transports.sip.refer import valid_target
+from duplex.transports.sip.handler import CallRefused, InvalidTarget, ReferError
 from duplex.transports.sip.ringing import (
     DECLINE,
     AlreadyDecided,
@@ -210,11 +209,10 @@ async def refer_call(request: Request, call_id: str, body: ReferRequest) -> Resp
             raise APIError(409, f"call {call_id!r} is not an answered SIP call: only those can be "
                            "transferred", "call_not_transferable")
         raise _not_found(call_id)
-    if not valid_target(body.target_uri):
-        raise APIError(400, f"not a sip:, sips: or tel: URI: {body.target_uri!r}", "invalid_target_uri",
-                       param="target_uri")
     try:
         call.refer(body.target_uri)
+    except InvalidTarget as err:
+        raise APIError(400, str(err), "invalid_target_uri", param="target_uri") from None
     except ReferError as err:
         raise APIError(409, str(err), "call_not_transferable") from None
     return Response(status_code=200)

@@ -17,6 +17,7 @@ from .handler import (
     CallMedia,
     CallRefused,
     EndReason,
+    InvalidTarget,
     ReferError,
     SipCallInfo,
 )
@@ -25,5 +26,5 @@ from .transaction import SipTimers
 
 __all__ = [
     "FRAME_SAMPLES", "SAMPLE_RATE", "CallAcceptor", "CallControl", "CallMedia", "CallRefused",
-    "EndReason", "ReferError", "SipCallInfo", "SipConfig", "SipServer", "SipTimers",
+    "EndReason", "InvalidTarget", "ReferError", "SipCallInfo", "SipConfig", "SipServer", "SipTimers",
 ]

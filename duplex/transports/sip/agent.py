@@ -108,7 +108,8 @@ class SipSessionCall:
                       self.info.dtmf)
 
     def refer(self, target_uri: str) -> None:
-        """Transfer the call to ``target_uri`` (a REFER to the caller); raises ReferError."""
+        """Transfer the call to ``target_uri`` (a REFER to the caller); raises InvalidTarget or
+        ReferError (handler.py)."""
         self._control.refer(target_uri, lambda status, reason, outcome: self._transfer_event(
             target_uri, status, reason, outcome))
 

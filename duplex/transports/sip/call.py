@@ -21,7 +21,15 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from .handler import CallAcceptor, CallMedia, CallRefused, EndReason, ReferError, SipCallInfo
+from .handler import (
+    CallAcceptor,
+    CallMedia,
+    CallRefused,
+    EndReason,
+    InvalidTarget,
+    ReferError,
+    SipCallInfo,
+)
 from .media import RtpSession
 from .message import SipMessage, display_name, uri_of
 from .refer import Transfer, valid_target
@@ -305,12 +313,12 @@ class SipCall:
 
     def refer(self, target_uri: str, on_progress: Callable[[int, str, str], None]) -> None:
         """CallControl: a REFER to the caller naming ``target_uri`` (handler.py)."""
+        if not valid_target(target_uri):
+            raise InvalidTarget(f"not a sip:, sips: or tel: URI: {target_uri!r}")
         if self.state not in ("answered", "confirmed"):  # the dialog exists once our 200 went
             raise ReferError("the call is not answered")
         if self._transfer is not None and not self._transfer.done:
             raise ReferError(f"a transfer to {self._transfer.target_uri} is under way")
-        if not valid_target(target_uri):
-            raise ReferError(f"not a sip:, sips: or tel: URI: {target_uri!r}")
         self._transfer = transfer = Transfer(target_uri, on_progress, self.log)
         self.log.info("transferring the call to %s", target_uri)
         self._send("REFER", [("refer-to", f"<{target_uri}>"),

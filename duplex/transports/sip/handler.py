@@ -73,6 +73,10 @@ class ReferError(Exception):
     """A transfer that cannot be started (the call is not answered, or one is under way)."""
 
 
+class InvalidTarget(ValueError):
+    """A transfer's target is no sip:, sips: or tel: URI the stack would put in a header."""
+
+
 class CallControl(Protocol):
     """The stack's side of one call, handed to the acceptor."""
 
@@ -93,8 +97,9 @@ class CallControl(Protocol):
         (refer.py). ``on_progress(status, reason, outcome)`` gets the REFER's own final answer
         (202, or the refusal) and then each NOTIFY's sipfrag status line, ``outcome`` being
         "pending", "completed" or "failed"; after a 2xx sipfrag the stack ends the call with a BYE
-        ("transferred"). Raises :class:`ReferError` when the call is not answered, a
-        transfer is already under way, or ``target_uri`` is no sip:, sips: or tel: URI."""
+        ("transferred"). Raises :class:`InvalidTarget` when ``target_uri`` is no sip:, sips:
+        or tel: URI, :class:`ReferError` when the call is not answered or a transfer is already
+        under way."""
 
 
 class CallMedia(Protocol):
