@@ -259,6 +259,8 @@ async def test_a_client_truncation_then_the_next_turn_equals_generate(staged: St
     cuts the kept state (through the coordinator) to the tokens whose text the history keeps, and
     the next turn, from kept state, is what ``generate`` answers over the truncated history."""
     class Sink:  # the session's transport: its events are not what this test is about
+        kind = "websocket"
+
         def send_event(self, message: dict[str, Any]) -> None:
             pass
 
