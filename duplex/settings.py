@@ -71,6 +71,12 @@ class SessionDefaults(BaseModel):
     closing_text: str = Field(default="We have reached the time limit for this call. Thank you, goodbye.",
                               min_length=1, max_length=500)
 
+    # A client's function call whose output has not come call_filler_after_ms (of the caller's
+    # audio) after its response ended: the agent says call_filler_text, once per wait
+    # (duplex/session/call_wait.py); None: the wait is silent, as OpenAI's.
+    call_filler_text: str | None = Field(default=None, min_length=1, max_length=500)
+    call_filler_after_ms: int = Field(default=1500, ge=100, le=30000)
+
     # The MCP servers a session's tools may name (duplex/tools/mcp_spec.py ``allowed``): URLs whose
     # scheme, host and port a server's must match and whose path it must be under, or "*" (any).
     # None by default: a client could otherwise make the server reach any address it can.

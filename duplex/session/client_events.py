@@ -181,6 +181,8 @@ class ClientEvents:
         await self._decode_into(item, audio, seconds)
         self.session.conversation.create(item)
         self._created.add(item.id)
+        if isinstance(item.call, FunctionCall) and item.call.output is not None:
+            self.session.call_wait.output_came(item.call.call_id)
 
     def _approval(self, raw: dict[str, Any]) -> None:
         """The client's answer to an ``mcp_approval_request``: added to the conversation, then

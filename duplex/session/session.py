@@ -44,6 +44,7 @@ from duplex.protocol.events import RealtimeError, event, new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.protocol.session_update import session_object
 from duplex.session.arrivals import Arrivals
+from duplex.session.call_wait import CallWait
 from duplex.session.config import SessionConfig
 from duplex.session.conversation import Conversation
 from duplex.session.history import History, Item
@@ -118,6 +119,7 @@ class Session:
         self._closed = False
         self._arrivals = Arrivals()
         self.idle = Idle(self, defaults)  # idle timeout, check-ins, longest call
+        self.call_wait = CallWait(self, defaults)  # the filler while a client's function runs
         self.recording: CallRecording | None = None  # the binding's, with --record-dir
         audio.listener = self
         # Echo cancellation and noise suppression of the caller's audio; it taps ``audio`` for
@@ -153,6 +155,7 @@ class Session:
             return
         self._closed = True
         self.idle.close()
+        self.call_wait.close()
         if self._response is not None:
             await self.cancel_response("session_closed")
         for beside in list(self._beside):
@@ -256,6 +259,7 @@ class Session:
                             lambda audio: self._requests.recognition(self.config, audio))
             self._interruptions.check(self)
             self.idle.step(self._detector.position_ms, self._detector.in_speech)
+            self.call_wait.step(self._detector.position_ms, self._detector.in_speech)
 
     def _semantic_turn_end(self) -> bool:
         """semantic_vad: whether the end-of-turn model and the pause end the user's turn now."""
@@ -380,6 +384,8 @@ class Session:
         spec = spec or ResponseSpec.of_session(self.config)
         beside = spec.out_of_band and not spec.speaks
         if self._response is not None and not beside:
+            if self.call_wait.defer(spec, input_items):  # the filler is said first (call_wait.py)
+                return
             raise RealtimeError("a response is already in progress (beside it, only an out-of-band "
                                 "text response may run: conversation \"none\", output_modalities "
                                 "[\"text\"])", code="conversation_already_has_active_response")
@@ -445,9 +451,11 @@ class Session:
             return
         if response.conversation_id is not None and response.call is None:
             self._model_state.answered(response.request_id, response.item.id)
+        deferred = None
         if self._response is response:
             self._response = None
             self.idle.response_done(response)
+            deferred = self.call_wait.response_done(response)
         if self.state in (State.THINKING, State.SPEAKING):
             self.state = State.LISTENING
         if self._response is None:
@@ -455,6 +463,8 @@ class Session:
         if response.follow_up is not None and self._response is None and self.state is State.LISTENING \
                 and not self._closed:
             self.start_response(spec=response.follow_up)  # the model answers the MCP call's output
+        if deferred is not None and self._response is None and not self._closed:
+            self.start_response(spec=deferred.spec, input_items=deferred.input_items)
 
     # --- PlayoutListener ------------------------------------------------------------------
 
