@@ -1,29 +1,17 @@
-"""What the MCP tests share: a real MCP server (the ``mcp`` SDK's MCPServer over streamable HTTP)
-and a real duplex server (uvicorn, the toy pipeline in-process), both on loopback in this process,
-so that tests can lower the MCP limits (monkeypatch) and see what the model was sent.
-
-The MCP server's tools answer with a token drawn for each test (no model could guess it) and
-record every call they get, with the ``X-Token`` header it came with:
-
-- ``lookup(words)``: answers the token;
-- ``hang(words)``: answers only once the test ends (the call times out first);
-- ``fail(words)``: raises;
-- ``/garbage``: an HTTP endpoint that answers 200 with text that is no MCP at all.
+"""What the MCP tests share: a real MCP server (``harness.mcp_tools``: the ``mcp`` SDK's MCPServer
+over streamable HTTP, its tools answering with a token drawn for each test) and a real duplex
+server (uvicorn, the toy pipeline in-process), both on loopback in this process, so that tests can
+lower the MCP limits (monkeypatch) and see what the model was sent.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import uvicorn
-from mcp.server.mcpserver import Context, MCPServer
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse
 
 from duplex.app_state import AppState
 from duplex.serve import create_app
@@ -31,77 +19,22 @@ from duplex.settings import load_preset
 from duplex.tools import mcp_session
 from duplex.tools.mcp_client import McpConnection
 from duplex.transports.webrtc.ice import IcePolicy
-from harness.server import free_port, write_preset
+from harness.mcp_tools import ToolServer, tool_app
+from harness.server import serving, write_preset
 from pipeline.proto import OmniRequest
 from pipeline.runner import start_pipeline
 
 TIMEOUT = 20.0
 
 
-@dataclass
-class ToolServer:
-    """The MCP server's URL and what its tools saw; ``token`` is the current test's."""
-
-    url: str
-    token: str = ""
-    calls: list[tuple[str, dict[str, Any], str | None]] = field(default_factory=list)  # (tool, args, X-Token)
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def seen(self, tool: str) -> list[dict[str, Any]]:
-        return [args for name, args, _ in self.calls if name == tool]
-
-
-def _tool_server(state: ToolServer) -> MCPServer:
-    server = MCPServer("duplex-test-tools")
-
-    def note(name: str, args: dict[str, Any], ctx: Context) -> None:
-        request = ctx.request_context.request
-        state.calls.append((name, args, request.headers.get("x-token") if request is not None else None))
-
-    @server.tool(description="Looks words up.")
-    def lookup(words: str, ctx: Context) -> str:
-        note("lookup", {"words": words}, ctx)
-        return state.token
-
-    @server.tool(description="Takes its time.")
-    async def hang(words: str, ctx: Context) -> str:
-        note("hang", {"words": words}, ctx)
-        await state.release.wait()
-        return "too late"
-
-    @server.tool(description="Always breaks.")
-    def fail(words: str, ctx: Context) -> str:
-        note("fail", {"words": words}, ctx)
-        raise RuntimeError("the lookup table is on fire")
-
-    @server.custom_route("/garbage", methods=["GET", "POST", "DELETE"])
-    async def garbage(request: Request) -> PlainTextResponse:
-        return PlainTextResponse("<html>this is not the MCP server you are looking for</html>")
-
-    return server
-
-
-async def _serve(app: Any, lifespan: str) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                           lifespan=lifespan))
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(TIMEOUT):
-        while not server.started:
-            await asyncio.sleep(0.02)
-    return server, task, port
-
-
 @pytest.fixture(scope="module")
 async def tool_server() -> AsyncIterator[ToolServer]:
     state = ToolServer(url="")
-    app = _tool_server(state).streamable_http_app()
-    server, task, port = await _serve(app, "on")  # the MCP app's session manager runs in it
-    state.url = f"http://127.0.0.1:{port}"
-    yield state
-    state.release.set()
-    server.should_exit = True
-    await task
+    # lifespan "on": the MCP app's session manager runs in it
+    async with serving(tool_app(state).streamable_http_app(), "on", TIMEOUT) as port:
+        state.url = f"http://127.0.0.1:{port}"
+        yield state
+        state.release.set()
 
 
 @dataclass
@@ -133,10 +66,8 @@ async def duplex_server(tmp_path_factory: pytest.TempPathFactory,
 
     pipeline.stream = recording  # type: ignore[method-assign]
     # No lifespan: it would load a pipeline of its own and put it in place of the recorded one.
-    server, task, port = await _serve(app, "off")
-    yield Duplex(f"http://127.0.0.1:{port}", state, requests, [])
-    server.should_exit = True
-    await task
+    async with serving(app, "off", TIMEOUT) as port:
+        yield Duplex(f"http://127.0.0.1:{port}", state, requests, [])
     await state.registry.close_all()
     await pipeline.close()
 

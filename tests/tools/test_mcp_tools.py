@@ -22,9 +22,10 @@ import pytest
 
 from duplex.logs import MASK, REDACTOR
 from duplex.tools import mcp_client
+from harness.mcp_tools import ToolServer
 from pipeline.proto import OmniRequest
 from tests.api.helpers import RealtimeClient, eventually, realtime, user_text
-from tests.tools.conftest import Duplex, ToolServer
+from tests.tools.conftest import Duplex
 
 TEXT_ONLY = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
 SECRET = "hdr-secret-7f3a91c2e5"
