@@ -83,3 +83,10 @@ SESSIONS_AWAITING_RESUME = Gauge(
 )
 for _transport in TRANSPORTS:
     SESSIONS_AWAITING_RESUME.labels(_transport)
+VIDEO_FRAMES_TOTAL = Counter(
+    "duplex_video_frames_total",
+    "Decoded frames of WebRTC video tracks, by what became of them (duplex/media/video_window.py): "
+    "kept, unchanged (the picture kept before still shows), skipped (between samples), busy (the "
+    "previous one still converting), too_large, failed",
+    ["outcome"],
+)

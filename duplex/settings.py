@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from duplex.media.video_window import VideoInput
 from duplex.protocol.voices import OPENAI_VOICES
 from duplex.session.config import SessionConfig
 from duplex.turns.config import TurnDetection
@@ -76,6 +77,10 @@ class SessionDefaults(BaseModel):
     # (duplex/session/call_wait.py); None: the wait is silent, as OpenAI's.
     call_filler_text: str | None = Field(default=None, min_length=1, max_length=500)
     call_filler_after_ms: int = Field(default=1500, ge=100, le=30000)
+
+    # A WebRTC call's camera or screen share, on presets whose model sees: how it is sampled and
+    # kept (duplex/media/video_window.py).
+    video: VideoInput = Field(default_factory=VideoInput)
 
     # The MCP servers a session's tools may name (duplex/tools/mcp_spec.py ``allowed``): URLs whose
     # scheme, host and port a server's must match and whose path it must be under, or "*" (any).

@@ -66,16 +66,20 @@ class Recorder(Changes):
 
 
 class ClientPeer(Changes):
-    """A client as a browser runs it: sends ``track``, opens ``oai-events``, plays what it gets.
+    """A client as a browser runs it: sends ``track`` (and ``video``, where given), opens
+    ``oai-events``, plays what it gets.
 
     ``frames`` holds each received audio frame as (arrival, first channel as float32, pts).
     """
 
-    def __init__(self, track: MediaStreamTrack, policy: IcePolicy = LOOPBACK) -> None:
+    def __init__(self, track: MediaStreamTrack, policy: IcePolicy = LOOPBACK,
+                 video: MediaStreamTrack | None = None) -> None:
         super().__init__()
         self.policy = policy
         self.pc = RTCPeerConnection(policy.configuration())
         self.pc.addTrack(track)
+        if video is not None:  # a camera beside the microphone
+            self.pc.addTrack(video)
         self.channel = self.pc.createDataChannel(EVENTS_CHANNEL)
         self.messages: list[str] = []
         self.frames: list[tuple[float, np.ndarray, int]] = []

@@ -13,6 +13,7 @@ import logging
 import numpy as np
 
 from duplex.media.playout import PacedPlayout
+from duplex.media.video_window import VideoWindow
 from duplex.protocol.events import new_id
 from duplex.registry import SessionRegistry
 from duplex.session.model_pipeline import ModelPipeline
@@ -31,7 +32,10 @@ class WebRTCCall:
     def __init__(self, settings: ServerSettings, policy: IcePolicy, pipeline: ModelPipeline,
                  registry: SessionRegistry, model_name: str) -> None:
         self.id = new_id("rtc")
-        self.peer = CallPeer(self.id, policy, self)
+        # A model that sees gets the client's camera or screen share, if it sends one.
+        video = (VideoWindow(settings.session.video, logging.LoggerAdapter(log, {"session_id": self.id}))
+                 if "image" in pipeline.input_modalities else None)
+        self.peer = CallPeer(self.id, policy, self, video)
         self.session = Session(self.id, self, PacedPlayout(self.peer.outbound), pipeline,
                                settings.session, settings.voices, model_name)
         self.binding = SessionBinding(self.session, registry, self._close_peer,

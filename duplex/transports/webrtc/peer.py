@@ -13,7 +13,10 @@ call's media and events:
   as Opus packets through an :class:`~duplex.media.paced_track.OpusPacketTrack` (encoded on the
   event loop, no audio-level loop), otherwise as frames for aiortc's own encoder;
 - the ``oai-events`` data channel the client opens: JSON events in and out; events sent before
-  the channel is open are held and sent once it opens.
+  the channel is open are held and sent once it opens;
+- on presets whose model sees (a :class:`~duplex.media.video_window.VideoWindow` given), the
+  client's one video track: aiortc decodes it in its own thread, and each decoded frame is
+  offered to the window, which keeps the few the model will read.
 
 The peer owns its ``RTCPeerConnection``, its inbound resampler, reader task and outbound track for
 the length of the call; :meth:`CallPeer.close` (hang-up, session end) or an ICE/DTLS failure
@@ -37,6 +40,7 @@ from aiortc.sdp import SessionDescription
 
 from duplex.media.paced_track import OpusPacketTrack, OutboundAudioTrack
 from duplex.media.resample import FrameResampler
+from duplex.media.video_window import VideoWindow
 from duplex.transports.webrtc.ice import IcePolicy
 from duplex.transports.webrtc.inbound import decode_on_loop
 from duplex.transports.webrtc.sdp import SdpError, plan_answer
@@ -68,8 +72,10 @@ class PeerListener(Protocol):
 class CallPeer:
     """One call's aiortc peer (see module doc)."""
 
-    def __init__(self, call_id: str, policy: IcePolicy, listener: PeerListener) -> None:
+    def __init__(self, call_id: str, policy: IcePolicy, listener: PeerListener,
+                 video: VideoWindow | None = None) -> None:
         self.call_id = call_id
+        self.video = video  # where the client's video goes; None: video is refused (port 0)
         self._policy = policy
         self._listener: PeerListener | None = listener  # until close
         self._log = logging.LoggerAdapter(logger, {"session_id": call_id})
@@ -78,6 +84,7 @@ class CallPeer:
         self._channel: RTCDataChannel | None = None
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
         self._reader: asyncio.Task[None] | None = None
+        self._video_reader: asyncio.Task[None] | None = None
         self._closed = False
         self._pc.on("track", self._on_track)
         self._pc.on("datachannel", self._on_datachannel)
@@ -99,7 +106,7 @@ class CallPeer:
         Raises :class:`SdpError` for an offer that cannot be answered; the peer is then closed.
         """
         try:
-            plan = plan_answer(offer_sdp)
+            plan = plan_answer(offer_sdp, video=self.video is not None)
             if plan.rejected:
                 self._log.info("rejecting offered sections: %s", ", ".join(plan.rejected_kinds))
             offer = RTCSessionDescription(self._policy.filter_candidates(plan.offer), "offer")
@@ -117,7 +124,7 @@ class CallPeer:
         except Exception as exc:  # aiortc's own checks: ValueError, InvalidAccessError, ...
             await self.close("rejected")
             raise SdpError(f"cannot answer this offer: {exc}") from exc
-        self._log.info("answered offer")
+        self._log.info("answered offer%s", " with video" if plan.video else "")
         return answer
 
     def send_event(self, event: dict[str, Any]) -> None:
@@ -141,6 +148,10 @@ class CallPeer:
         self.outbound.stop()
         if self._reader is not None:
             self._reader.cancel()
+        if self._video_reader is not None:
+            self._video_reader.cancel()
+        if self.video is not None:
+            self.video.close()
         await self._pc.close()
         self._log.info("peer closed (%s)", reason)
         # Let go of everything that leads back here or to the call (which owns this peer): the
@@ -150,12 +161,15 @@ class CallPeer:
         self._pc.remove_all_listeners()
         if self._channel is not None:
             self._channel.remove_all_listeners()
-        self._reader = None
+        self._reader = self._video_reader = None
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.on_closed(reason)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "video" and self.video is not None and self._video_reader is None:
+            self._video_reader = asyncio.create_task(self._read_video(track, self.video))
+            return
         if track.kind != "audio" or self._reader is not None:
             return
         for receiver in self._pc.getReceivers():
@@ -175,6 +189,16 @@ class CallPeer:
             samples = resampler.push(frame)
             if len(samples) and self._listener is not None:
                 self._listener.on_audio(samples, arrival)
+
+    async def _read_video(self, track: MediaStreamTrack, window: VideoWindow) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                self._log.info("inbound video track ended")
+                window.close()
+                return
+            window.offer(frame, time.monotonic())
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL:

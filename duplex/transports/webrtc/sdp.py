@@ -1,7 +1,8 @@
 """Checks on a WebRTC SDP offer before aiortc sees it, and the sections its answer rejects.
 
-A call carries exactly one audio stream and the ``oai-events`` data channel. An offer may hold
-more (a video camera, a second microphone, another application section): RFC 3264 §6 says to
+A call carries exactly one audio stream and the ``oai-events`` data channel, and, on presets whose
+model sees, one video stream from the client (a camera or a screen share). An offer may hold
+more (a video camera the model cannot see, a second microphone, another application section): RFC 3264 §6 says to
 answer each of those with port 0 (rejected) and go on with the rest. aiortc has no notion of a
 rejected section: it would make a transceiver, a receiver and a decoded-frame queue for each, and
 gather ICE for each one that is not bundled. So :func:`plan_answer` removes them from the offer
@@ -20,6 +21,9 @@ from aiortc.sdp import SessionDescription
 # What aiortc can decode: opus, G722, PCMU, PCMA.
 _AUDIO_CODECS = {c.mimeType.split("/")[1].lower()
                  for c in RTCRtpSender.getCapabilities("audio").codecs}
+# What aiortc can decode: VP8, H264.
+_VIDEO_CODECS = {c.mimeType.split("/")[1].lower()
+                 for c in RTCRtpSender.getCapabilities("video").codecs} - {"rtx"}
 _DATA_CHANNEL_PROTOCOLS = ("UDP/DTLS/SCTP", "TCP/DTLS/SCTP", "DTLS/SCTP")
 
 
@@ -53,6 +57,14 @@ class _Section:
     def mid(self) -> str | None:
         return next((line[6:].strip() for line in self.lines if line.startswith("a=mid:")), None)
 
+    def is_receivable_video(self) -> bool:
+        """A video stream the client sends, in a codec aiortc decodes."""
+        if self.kind != "video" or any(line in ("a=recvonly", "a=inactive") for line in self.lines):
+            return False
+        codecs = {line.split()[1].split("/")[0].lower() for line in self.lines
+                  if line.startswith("a=rtpmap:") and len(line.split()) > 1}
+        return bool(codecs & _VIDEO_CODECS)
+
     def is_data_channel(self) -> bool:
         fields = self.fields
         return self.kind == "application" and len(fields) > 2 and fields[2] in _DATA_CHANNEL_PROTOCOLS
@@ -74,6 +86,8 @@ class AnswerPlan:
     rejected: dict[int, _Section]  # by m= line index in the client's offer
     sections: int  # m= lines in the client's offer
 
+    video: bool = False  # the offer's video section is kept (a preset that sees)
+
     @property
     def rejected_kinds(self) -> list[str]:
         return [section.kind for section in self.rejected.values()]
@@ -91,20 +105,22 @@ class AnswerPlan:
         return "\r\n".join(lines) + "\r\n"
 
 
-def plan_answer(sdp: str) -> AnswerPlan:
+def plan_answer(sdp: str, video: bool = False) -> AnswerPlan:
     """Check an SDP offer before aiortc sees it, so that bad input gets a clear error, and set
     apart the sections a call rejects.
 
     aiortc's parser accepts almost anything and its failures are assertion errors; this requires
     what answering needs: an audio section the client sends on, in a codec aiortc decodes, with
-    ICE credentials and a DTLS fingerprint. Kept: the first audio section and the first
-    data-channel section. Rejected: everything else.
+    ICE credentials and a DTLS fingerprint. Kept: the first audio section, the first
+    data-channel section and, where ``video`` (the model sees), the first video section the
+    client sends in a codec aiortc decodes. Rejected: everything else.
     """
     _check_bounds(sdp)
     head, sections = _split(sdp)
     audio = next((i for i, s in enumerate(sections) if s.kind == "audio"), None)
     data = next((i for i, s in enumerate(sections) if s.is_data_channel()), None)
-    rejected = {i: s for i, s in enumerate(sections) if i not in (audio, data)}
+    camera = next((i for i, s in enumerate(sections) if s.is_receivable_video()), None) if video else None
+    rejected = {i: s for i, s in enumerate(sections) if i not in (audio, data, camera)}
     dropped = {s.mid for s in rejected.values() if s.mid is not None}
     lines = [_without_mids(line, dropped) for line in head]
     for i, section in enumerate(sections):
@@ -112,7 +128,7 @@ def plan_answer(sdp: str) -> AnswerPlan:
             lines += section.lines
     offer = "\r\n".join(lines) + "\r\n"
     _check_audio(offer)
-    return AnswerPlan(offer, rejected, len(sections))
+    return AnswerPlan(offer, rejected, len(sections), video=camera is not None)
 
 
 def _check_bounds(sdp: str) -> None:

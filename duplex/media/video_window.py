@@ -1,0 +1,165 @@
+"""A call's camera or screen share, kept as the model will read it: a few small, recent pictures.
+
+A WebRTC client may send one video track beside its audio, on presets whose model sees
+(``"image"`` in its input modalities). aiortc decodes every frame in its own decoder thread (a
+video codec needs each frame to decode the next); what reaches the event loop is one frame per
+decoded picture. A model reads video at a few frames a second and at a few hundred pixels a side
+(Qwen3-Omni: 2 fps, 28 or 32 px patches), so almost everything a camera sends is dropped here, on
+the loop and without touching its pixels:
+
+- **sampling**: a frame is kept at most every ``1 / fps`` seconds (``skipped`` otherwise);
+- **size**: a frame of more than ``max_pixels`` is dropped unread (``too_large``): a 4K stream
+  costs its decoding, in aiortc's thread, and nothing more;
+- **one at a time**: scaling a kept frame to fit ``max_side`` and converting it to RGB (PyAV's
+  swscale) runs off the loop (:func:`duplex.media.offloop.off_loop`); a frame that comes while
+  the previous one is still being converted is dropped (``busy``);
+- **unchanged pictures**: a picture that differs from the last one kept by less than
+  ``UNCHANGED_LEVEL`` (mean absolute difference of its pixels) is not kept again; the last one is
+  marked as still seen (``unchanged``);
+- **the window**: the last ``window_frames`` pictures, with when each was first and last seen.
+
+Every frame that reaches the window is counted by outcome (``duplex_video_frames_total``).
+:meth:`VideoWindow.seen_since` gives what the user's turn shows: the pictures seen since it began,
+at most ``frames_per_turn`` of them evenly spread, or, when the picture has not changed, the
+latest one.
+
+A VideoWindow belongs to one call's session and lives as long as its video track; ``close``
+drops every picture (the track ended, the session closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import av
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from duplex import metrics
+from duplex.media.offloop import off_loop
+
+# Below this mean absolute difference (0-255) two pictures show the same thing: sensor noise and
+# compression move a still picture's pixels by 1-2 levels.
+UNCHANGED_LEVEL = 4.0
+
+
+class VideoInput(BaseModel):
+    """How a call's video is read (a preset's ``session.video``; module doc)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fps: float = Field(default=2.0, gt=0, le=30)
+    max_side: int = Field(default=448, ge=32, le=2048)  # pixels, the longer side of a kept picture
+    window_frames: int = Field(default=16, ge=1, le=256)
+    frames_per_turn: int = Field(default=4, ge=1, le=64)
+    max_pixels: int = Field(default=1920 * 1088, ge=64 * 64)  # a larger decoded frame is dropped
+
+
+@dataclass
+class Picture:
+    """A kept picture: RGB, scaled; when it was first and last seen (``time.monotonic()``)."""
+
+    rgb: np.ndarray  # uint8 [height, width, 3]
+    first_seen: float
+    last_seen: float
+
+
+class VideoWindow:
+    """See module doc."""
+
+    def __init__(self, settings: VideoInput, log: logging.Logger | logging.LoggerAdapter) -> None:
+        self.settings = settings
+        self._log = log
+        self._pictures: deque[Picture] = deque(maxlen=settings.window_frames)
+        self._next_at = 0.0  # the earliest arrival the next picture may be sampled at
+        self._converting: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def pictures(self) -> list[Picture]:
+        return list(self._pictures)
+
+    def offer(self, frame: av.VideoFrame, arrival: float) -> None:
+        """A decoded frame of the track, arrived at ``arrival``: sampled, or dropped (module doc)."""
+        if self._closed:
+            return
+        if frame.width * frame.height > self.settings.max_pixels:
+            self._count("too_large")
+        elif arrival < self._next_at:
+            self._count("skipped")
+        elif self._converting is not None:
+            self._count("busy")
+        else:
+            self._next_at = arrival + 1 / self.settings.fps
+            self._converting = asyncio.get_running_loop().create_task(self._convert(frame, arrival))
+
+    async def _convert(self, frame: av.VideoFrame, arrival: float) -> None:
+        try:
+            rgb = await off_loop(scaled_rgb, frame, self.settings.max_side)
+        except (av.FFmpegError, ValueError) as exc:
+            self._log.warning("a video frame could not be converted: %s", exc)
+            self._count("failed")
+            return
+        finally:
+            self._converting = None
+        if self._closed:
+            return
+        last = self._pictures[-1] if self._pictures else None
+        if last is not None and unchanged(last.rgb, rgb):
+            last.last_seen = arrival
+            self._count("unchanged")
+            return
+        self._pictures.append(Picture(rgb, arrival, arrival))
+        self._count("kept")
+
+    async def settled(self) -> None:
+        """Return once the frame being converted, if any, is kept or dropped."""
+        task = self._converting
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+
+    def seen_since(self, since: float) -> list[np.ndarray]:
+        """The pictures seen at or after ``since`` (a turn's beginning), oldest first, at most
+        ``frames_per_turn`` of them evenly spread, the last one always among them; the latest
+        picture where none was seen since (the picture did not change, or the camera is slow);
+        nothing without pictures."""
+        seen = [p.rgb for p in self._pictures if p.last_seen >= since]
+        if not seen:
+            return [self._pictures[-1].rgb] if self._pictures else []
+        most = self.settings.frames_per_turn
+        if len(seen) <= most:
+            return seen
+        picks = np.linspace(0, len(seen) - 1, most).round().astype(int)
+        return [seen[i] for i in picks]
+
+    def close(self) -> None:
+        """Drop every picture; frames offered after this are ignored."""
+        self._closed = True
+        self._pictures.clear()
+        if self._converting is not None:
+            self._converting.cancel()
+            self._converting = None
+
+    def _count(self, outcome: str) -> None:
+        metrics.VIDEO_FRAMES_TOTAL.labels(outcome=outcome).inc()
+
+
+def scaled_rgb(frame: av.VideoFrame, max_side: int) -> np.ndarray:
+    """``frame`` as uint8 RGB [height, width, 3], scaled down (never up) so that its longer side
+    is at most ``max_side``, its aspect kept (sides rounded to even pixels, as swscale wants)."""
+    scale = min(1.0, max_side / max(frame.width, frame.height))
+    width = max(2, int(frame.width * scale) // 2 * 2)
+    height = max(2, int(frame.height * scale) // 2 * 2)
+    return frame.to_ndarray(format="rgb24", width=width, height=height)
+
+
+def unchanged(before: np.ndarray, after: np.ndarray) -> bool:
+    """Whether two pictures show the same thing (module doc); pictures of other sizes differ."""
+    if before.shape != after.shape:
+        return False
+    return float(np.abs(before.astype(np.int16) - after.astype(np.int16)).mean()) < UNCHANGED_LEVEL
