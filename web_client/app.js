@@ -1,9 +1,11 @@
 /**
- * The page's glue: buttons and settings, the microphone, the call (call.js), the level probes
- * (meter.js) and the view (view.js) around one client state (state.js).
+ * The page's glue: buttons and settings, the microphone, the camera or screen share (where the
+ * server's model sees), the call (call.js), the level probes (meter.js) and the view (view.js)
+ * around one client state (state.js).
  *
- * One call at a time. Its resources (the microphone stream, the level probes, the call and the
- * level timer) live from Connect to hang-up or the call's end; `release()` frees them all. The
+ * One call at a time. Its resources (the microphone stream, the video stream, the level probes,
+ * the call and the level timer) live from Connect to hang-up or the call's end; `release()` frees
+ * them all. The
  * AudioContext lives with the page: browsers let a page create it from a user gesture (Connect).
  *
  * `window.duplexClient.dispatch(event)` feeds an event to the page as if the server had sent it:
@@ -11,30 +13,113 @@
  */
 import { CallError, startCall } from './call.js';
 import { levelProbe } from './meter.js';
-import { MESSAGES, audioConstraints, describeMediaError, sessionUpdate } from './protocol.js';
+import {
+  CAMERA_CONSTRAINTS, MESSAGES, MODELS_PATH, SCREEN_CONSTRAINTS, audioConstraints, authHeaders,
+  describeMediaError, modelSees, sessionUpdate,
+} from './protocol.js';
 import { initialState, reduce } from './state.js';
 import { createView } from './view.js';
 
 // Meters and level hooks refresh at 20 Hz: smooth to the eye, cheap for the page.
 const LEVEL_INTERVAL_MS = 50;
+// The transcript's picture of what the agent saw in a turn: small, a JPEG.
+const THUMBNAIL_WIDTH = 96;
 
 const $ = (id) => document.getElementById(id);
 const form = $('settings');
 const micSelect = $('mic');
 const remoteAudio = $('remote-audio');
 const settingsNote = $('settings-note');
+const videoControls = $('video-controls');
+const cameraButton = $('camera');
+const screenButton = $('screen');
+const preview = $('preview');
 const view = createView(document);
 
 let state = initialState();
 let call = null;
 let micStream = null;
+let videoStream = null; // the camera's or the screen's, while the user shares one
+let videoSource = null; // 'camera' | 'screen'
 let audioContext = null;
 let levelTimer = null;
 const probes = { local: null, remote: null };
 
 function dispatch(event) {
+  // The user's turn is in: what the camera shows now is what the agent saw with it.
+  if (event.type === 'input_audio_buffer.committed' && videoStream !== null) {
+    const url = snapshot();
+    if (url !== null) view.addThumbnail(event.item_id, url);
+  }
   state = reduce(state, event, performance.now());
   view.render(state);
+}
+
+function snapshot() {
+  if (!preview.videoWidth) return null;
+  const canvas = document.createElement('canvas');
+  canvas.width = THUMBNAIL_WIDTH;
+  canvas.height = Math.round((THUMBNAIL_WIDTH * preview.videoHeight) / preview.videoWidth);
+  canvas.getContext('2d').drawImage(preview, 0, 0, canvas.width, canvas.height);
+  return canvas.toDataURL('image/jpeg', 0.7);
+}
+
+/** Whether the server's model sees (its /v1/models says so); false when it cannot tell. */
+async function serverSees(apiKey) {
+  try {
+    const response = await fetch(MODELS_PATH, { headers: authHeaders(apiKey) });
+    return response.ok && modelSees(await response.json());
+  } catch {
+    return false;
+  }
+}
+
+function drawVideoControls() {
+  const live = call !== null;
+  cameraButton.disabled = !live;
+  screenButton.disabled = !live;
+  cameraButton.setAttribute('aria-pressed', String(videoSource === 'camera'));
+  screenButton.setAttribute('aria-pressed', String(videoSource === 'screen'));
+  cameraButton.textContent = videoSource === 'camera' ? 'Stop my camera' : 'Show my camera';
+  screenButton.textContent = videoSource === 'screen' ? 'Stop sharing' : 'Share my screen';
+  preview.hidden = videoStream === null;
+}
+
+function stopVideo() {
+  videoStream?.getTracks().forEach((track) => track.stop());
+  videoStream = null;
+  videoSource = null;
+  preview.srcObject = null;
+  drawVideoControls();
+}
+
+/** Shows the agent the camera or the screen (`source`), or stops showing it when it already does. */
+async function toggleVideo(source) {
+  if (call === null) return;
+  const showing = videoSource;
+  stopVideo();
+  await call.setVideo(null);
+  if (showing === source) return;
+  try {
+    videoStream = source === 'camera'
+      ? await navigator.mediaDevices.getUserMedia({ video: CAMERA_CONSTRAINTS })
+      : await navigator.mediaDevices.getDisplayMedia({ video: SCREEN_CONSTRAINTS });
+  } catch (error) {
+    dispatch({ type: 'client.error', message: describeMediaError(error) });
+    return;
+  }
+  const track = videoStream.getVideoTracks()[0];
+  // The browser's own "stop sharing" ends the track: the page follows.
+  track.addEventListener('ended', () => {
+    if (videoStream?.getVideoTracks()[0] === track) {
+      stopVideo();
+      call?.setVideo(null);
+    }
+  });
+  videoSource = source;
+  preview.srcObject = videoStream;
+  await call.setVideo(track);
+  drawVideoControls();
 }
 
 function settings() {
@@ -100,6 +185,7 @@ function release() {
   micStream = null;
   remoteAudio.srcObject = null;
   call = null;
+  stopVideo();
   drawLevels();
 }
 
@@ -131,14 +217,19 @@ async function connect() {
   listMicrophones();
   setProbe('local', micStream);
   levelTimer = setInterval(drawLevels, LEVEL_INTERVAL_MS);
+  const apiKey = form.elements.apiKey.value;
+  const sees = await serverSees(apiKey);
+  videoControls.hidden = !sees;
   try {
     call = await startCall({
       stream: micStream,
-      apiKey: form.elements.apiKey.value,
+      apiKey,
+      video: sees,
       onEvent: dispatch,
       onOpen(openedCall) {
         dispatch({ type: 'client.channel_open' });
         sendSettings(openedCall);
+        drawVideoControls();
       },
       onRemoteStream(stream) {
         remoteAudio.srcObject = stream;
@@ -186,6 +277,8 @@ form.addEventListener('submit', (event) => {
 });
 $('connect').addEventListener('click', connect);
 $('hangup').addEventListener('click', hangup);
+cameraButton.addEventListener('click', () => toggleVideo('camera'));
+screenButton.addEventListener('click', () => toggleVideo('screen'));
 micSelect.addEventListener('change', switchMicrophone);
 navigator.mediaDevices?.addEventListener('devicechange', listMicrophones);
 // Leaving the page hangs up (the hang-up request is keepalive), so the server frees the session now.

@@ -81,11 +81,13 @@ async function exchangeOffer(offerSdp, apiKey) {
 }
 
 /**
- * Starts a call sending `stream`'s audio. Callbacks: onEvent(serverEvent), onOpen(call) when the
- * data channel opens, onRemoteStream(MediaStream) for the agent's audio, onEnd({failed, message}).
- * Resolves to {send(event), replaceTrack(track), hangup()}; rejects with a CallError.
+ * Starts a call sending `stream`'s audio and, with `video`, offering a video stream (a camera or
+ * a screen share, attached and detached later with setVideo: no renegotiation). Callbacks:
+ * onEvent(serverEvent), onOpen(call) when the data channel opens, onRemoteStream(MediaStream) for
+ * the agent's audio, onEnd({failed, message}).
+ * Resolves to {send(event), replaceTrack(track), setVideo(track), hangup()}; rejects with a CallError.
  */
-export async function startCall({ stream, apiKey, onEvent, onOpen, onRemoteStream, onEnd }) {
+export async function startCall({ stream, apiKey, video = false, onEvent, onOpen, onRemoteStream, onEnd }) {
   // The server's own STUN/TURN servers, if it has any: never a public STUN server implicitly.
   const pc = new RTCPeerConnection({ iceServers: await offeredIceServers(apiKey) });
   let ended = false;
@@ -114,6 +116,11 @@ export async function startCall({ stream, apiKey, onEvent, onOpen, onRemoteStrea
       const audio = pc.getTransceivers().find((t) => t.receiver.track.kind === 'audio');
       return audio.sender.replaceTrack(track);
     },
+    /** Sends `track` (a camera's or a screen's) as the call's video; null sends none. */
+    setVideo(track) {
+      if (camera === null) return Promise.reject(new Error('this call offers no video'));
+      return camera.sender.replaceTrack(track);
+    },
     /** Tells the server (keepalive: it survives the page closing) and closes the connection. */
     hangup() {
       if (ended) return;
@@ -125,6 +132,8 @@ export async function startCall({ stream, apiKey, onEvent, onOpen, onRemoteStrea
   };
 
   for (const track of stream.getAudioTracks()) pc.addTrack(track, stream);
+  // Sent from the first picture the user shares; the server answers it only if its model sees.
+  const camera = video ? pc.addTransceiver('video', { direction: 'sendonly' }) : null;
   pc.addEventListener('track', (event) => {
     onRemoteStream(event.streams[0] ?? new MediaStream([event.track]));
   });

@@ -6,6 +6,15 @@
 export const CALLS_PATH = '/v1/realtime/calls';
 // The server's STUN/TURN servers (its --ice-server), for callers beyond its LAN.
 export const ICE_SERVERS_PATH = '/v1/realtime/ice_servers';
+// The server's model, with what it takes in (duplex lists `input_modalities`; OpenAI does not).
+export const MODELS_PATH = '/v1/models';
+
+// What a camera or a shared screen sends: the model reads a few small pictures a second, so the
+// browser need not encode more (the server samples and scales what comes anyway).
+export const CAMERA_CONSTRAINTS = Object.freeze({
+  width: { ideal: 640 }, height: { ideal: 480 }, frameRate: { ideal: 5, max: 15 },
+});
+export const SCREEN_CONSTRAINTS = Object.freeze({ frameRate: { ideal: 5, max: 15 } });
 
 export const MESSAGES = Object.freeze({
   insecureContext: 'This page cannot use a microphone here: open it over https, or on localhost.',
@@ -35,6 +44,17 @@ export function callIdFromLocation(location) {
 
 export function hangupPath(callId) {
   return `${CALLS_PATH}/${encodeURIComponent(callId)}/hangup`;
+}
+
+/**
+ * Whether the server's model sees (a `GET /v1/models` answer that lists "image" among a model's
+ * `input_modalities`): then a call offers video, and the page a camera and a screen share.
+ * Anything else (another server, an error body) reads as a model that does not.
+ */
+export function modelSees(body) {
+  const models = Array.isArray(body?.data) ? body.data : [];
+  return models.some((model) => Array.isArray(model?.input_modalities)
+    && model.input_modalities.includes('image'));
 }
 
 /** Constraints for getUserMedia: the chosen device (exact), and the browser's voice processing. */

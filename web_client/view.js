@@ -54,6 +54,7 @@ export function createView(doc) {
   const transcript = $('transcript');
   const serverTurns = $('turn-detection-server');
   const entries = new Map(); // item id -> {li, text, meta, item, latencyMs}
+  const thumbnails = new Map(); // user item id -> what the camera showed when the turn was committed
   let shown = null;
 
   function drawText(node, item) {
@@ -99,6 +100,24 @@ export function createView(doc) {
     node.meta.textContent = notes.filter(Boolean).join(' · ');
     node.item = item;
     node.latencyMs = latencyMs;
+    drawThumbnail(node, item.id);
+  }
+
+  function drawThumbnail(node, id) {
+    const url = thumbnails.get(id);
+    if (url === undefined || node.li.querySelector('img.seen')) return;
+    const img = doc.createElement('img');
+    img.className = 'seen';
+    img.src = url;
+    img.alt = 'What the agent saw during this turn';
+    node.li.insertBefore(img, node.meta);
+  }
+
+  /** Shows, in the transcript, the picture the camera showed for user turn `itemId`. */
+  function addThumbnail(itemId, url) {
+    thumbnails.set(itemId, url);
+    const node = entries.get(itemId);
+    if (node) drawThumbnail(node, itemId);
   }
 
   function drawTranscript(state) {
@@ -107,6 +126,7 @@ export function createView(doc) {
       if (!ids.has(id)) {
         node.li.remove();
         entries.delete(id);
+        thumbnails.delete(id);
       }
     }
     const latencyByResponse = new Map(state.latencies.map((turn) => [turn.responseId, turn.ms]));
@@ -161,5 +181,5 @@ export function createView(doc) {
     root.dataset.remoteLevel = remote.toFixed(4);
   }
 
-  return { render, renderLevels };
+  return { render, renderLevels, addThumbnail };
 }

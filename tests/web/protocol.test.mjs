@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { meterValue, rms } from '../../web_client/meter.js';
 import {
   audioConstraints, authHeaders, callIdFromLocation, describeHttpError, describeMediaError, hangupPath,
-  sessionUpdate,
+  modelSees, sessionUpdate,
 } from '../../web_client/protocol.js';
 import { serverTurnsText } from '../../web_client/view.js';
 
@@ -130,4 +130,12 @@ test('rms and the dB meter scale', () => {
   assert.ok(Math.abs(meterValue(0.001) - 0) < 1e-9, '-60 dBFS is the floor');
   assert.ok(Math.abs(meterValue(0.0316) - 0.5) < 0.01, '-30 dBFS is half way');
   assert.ok(meterValue(0.1) > meterValue(0.01));
+});
+
+test('a model sees when /v1/models lists "image" among its input modalities', () => {
+  assert.equal(modelSees({ data: [{ id: 'm', input_modalities: ['text', 'audio', 'image'] }] }), true);
+  assert.equal(modelSees({ data: [{ id: 'm', input_modalities: ['text', 'audio'] }] }), false);
+  assert.equal(modelSees({ data: [{ id: 'm' }] }), false, 'OpenAI lists no modalities');
+  assert.equal(modelSees({ error: { message: 'Incorrect API key provided' } }), false);
+  assert.equal(modelSees(null), false);
 });

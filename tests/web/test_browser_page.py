@@ -286,3 +286,34 @@ def test_the_servers_ice_servers_reach_the_peer_connection(browser: Browser) -> 
     assert page.evaluate("window.__iceConfigs") == [offered]
     page.context.close()
     assert page_errors == [], page_errors
+
+
+@pytest.mark.parametrize("sees", [True, False])
+def test_a_call_offers_video_only_to_a_model_that_sees(page: Page, sees: bool) -> None:
+    """The page asks /v1/models whether the model takes images: if it does, the offer carries a
+    send-only video section (the camera or screen, attached later) and the video controls show;
+    if not (every other test here: /v1/models answers 404), neither."""
+    modalities = ["text", "audio", "image"] if sees else ["text", "audio"]
+    page.route("**/v1/models", lambda route: route.fulfill(
+        status=200, content_type="application/json",
+        body=json.dumps({"object": "list", "data": [{"id": "m", "object": "model",
+                                                      "input_modalities": modalities}]})))
+    offers: list[str] = []
+
+    def refuse(route: Route) -> None:
+        offers.append(route.request.post_data or "")
+        route.fulfill(status=503, content_type="application/json", body=error_body("busy"))
+
+    page.route(CALLS, refuse)
+    page.get_by_role("button", name="Connect").click()
+    expect_failure(page, "HTTP 503")
+    (offer,) = offers
+    video = [section for section in offer.split("m=")[1:] if section.startswith("video")]
+    if sees:
+        assert len(video) == 1 and "a=sendonly" in video[0], offer
+        expect(page.locator("#video-controls")).to_be_visible()
+    else:
+        assert video == [], offer
+        expect(page.locator("#video-controls")).to_be_hidden()
+    # No call: nothing to show the agent.
+    expect(page.locator("#camera")).to_be_disabled()
