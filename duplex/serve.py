@@ -88,10 +88,11 @@ def _sip_server(app: FastAPI) -> SipServer | None:
     agent = SipAgent(settings, state.registry, state.serving_pipeline, settings.preset,
                      app.state.ringing_calls)
     app.state.sip_agent = agent  # the call API's way to the live SIP calls (/refer)
-    return SipServer(agent, SipConfig(
+    agent.server = SipServer(agent, SipConfig(
         host=settings.host, port=settings.sip_port, allow=settings.sip_allow,
         rtp_ports=settings.rtp_port_range, advertise=settings.sip_advertise,
         media_timeout=settings.session.inbound_media_timeout_s))
+    return agent.server  # which also places the agent's calls (POST /v1/realtime/calls)
 
 
 @asynccontextmanager

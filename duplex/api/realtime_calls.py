@@ -2,6 +2,9 @@
 
 ``POST /v1/realtime/calls`` with an SDP offer (``application/sdp``) or a multipart body with ``sdp``
 and ``session`` (JSON) parts → ``201`` with the answer SDP and ``Location: /v1/realtime/calls/{id}``;
+the same path with a JSON body ``{"target_uri": "sip:…", "session": {…}}`` places a SIP call
+(transports/sip/dial.py) → ``201`` with the call (its id and state), which
+``GET /v1/realtime/calls/{id}`` reports as it goes;
 ``POST /v1/realtime/calls/{id}/hangup`` or ``DELETE /v1/realtime/calls/{id}`` ends a WebRTC or SIP
 call. A SIP call that rings while the ``--call-webhook`` app decides (transports/sip/ringing.py) is
 answered with ``POST /v1/realtime/calls/{id}/accept`` (a session config: the fields of
@@ -15,8 +18,9 @@ import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request
-from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import FormData
 from starlette.types import Message
 
@@ -28,6 +32,7 @@ from duplex.registry import TooManySessions
 from duplex.session.config import SessionConfig
 from duplex.settings import SessionDefaults
 from duplex.transports.sip.agent import SipAgent
+from duplex.transports.sip.dial import TargetNotAllowed
 from duplex.transports.sip.handler import CallRefused, InvalidTarget, ReferError
 from duplex.transports.sip.ringing import (
     DECLINE,
@@ -42,6 +47,31 @@ from duplex.transports.webrtc.sdp import SdpError
 log = logging.getLogger(__name__)
 router = APIRouter(dependencies=[Depends(require_key)], responses=ERROR_RESPONSES)
 
+
+class DialRequest(BaseModel):
+    """A call to place (the JSON body of ``POST /v1/realtime/calls``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target_uri: str = Field(max_length=1024, description="who is called: sip:user@IP[:port], an "
+                            "address the SIP allow-list (--sip-allow) lets in")
+    session: dict[str, Any] | None = Field(
+        default=None, description="the session config once the callee answers: the fields of "
+        "session.update, as /accept takes them")
+    ring_timeout_s: float = Field(default=30.0, gt=0, le=300,
+                                  description="seconds to ring before giving up (CANCEL)")
+
+
+# A placed call as the API reports it (transports/sip/outbound.py, DialledCall.as_json).
+CALL_SCHEMA = {"type": "object", "required": ["id", "object", "direction", "target_uri", "state"],
+               "properties": {
+                   "id": {"type": "string"}, "object": {"type": "string"},
+                   "direction": {"type": "string"}, "target_uri": {"type": "string"},
+                   "state": {"type": "string", "enum": ["dialing", "ringing", "active", "ended",
+                                                        "failed", "cancelled", "no_answer"]},
+                   "sip_status": {"type": ["integer", "null"]}, "reason": {"type": ["string", "null"]},
+                   "created_at": {"type": "integer"}}}
+
 # The offer is read and parsed by hand (size caps while streaming, SDP checks); this declares it for
 # the OpenAPI document.
 OFFER_BODY = {"required": True, "content": {
@@ -49,6 +79,7 @@ OFFER_BODY = {"required": True, "content": {
     "multipart/form-data": {"schema": {"type": "object", "required": ["sdp"], "properties": {
         "sdp": {"type": "string"},
         "session": {"type": "string", "description": "a session configuration (JSON)"}}}},
+    "application/json": {"schema": DialRequest.model_json_schema()},
 }}
 
 
@@ -96,10 +127,14 @@ async def _capped_form(request: Request) -> FormData:
 
 
 @router.post("/v1/realtime/calls", status_code=201, response_class=SdpResponse,
-             openapi_extra={"requestBody": OFFER_BODY})
+             openapi_extra={"requestBody": OFFER_BODY}, responses={201: {
+                 "description": "the SDP answer of a WebRTC call, or a placed SIP call (JSON)",
+                 "content": {"application/json": {"schema": CALL_SCHEMA}}}})
 async def create_call(request: Request) -> Response:
     state = app_state(request)
     pipeline = require_pipeline(state)
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
+        return await _dial(request)
     sdp, session = await _offer(request)
     call = WebRTCCall(state.settings, state.policy, pipeline, state.registry, state.settings.preset)
     secret = request_secret(request)
@@ -119,6 +154,48 @@ async def create_call(request: Request) -> Response:
     log.info("call %s started", call.id)
     return SdpResponse(answer, status_code=201,
                        headers={"Location": f"/v1/realtime/calls/{call.id}"})
+
+
+async def _dial(request: Request) -> Response:
+    """Place a SIP call (module doc); nothing is sent for a request refused here."""
+    try:
+        dial = DialRequest.model_validate_json(await read_body(request))
+    except ValidationError as err:
+        raise RequestValidationError(err.errors()) from None
+    agent = _agent(request)
+    if agent is None:
+        raise APIError(400, "dialling out needs the SIP server (--sip-port)", "sip_disabled")
+    settings = app_state(request).settings
+    config = _configured(settings.session.session_config("sip"), dial.session or {},
+                         settings.voices, settings.session)
+    try:
+        call = await agent.dial(dial.target_uri, config, dial.ring_timeout_s)
+    except TargetNotAllowed as err:
+        raise APIError(400, str(err), "target_not_allowed", param="target_uri") from None
+    except InvalidTarget as err:
+        raise APIError(400, str(err), "invalid_target_uri", param="target_uri") from None
+    except CallRefused as err:  # no room, the pipeline restarting, no RTP port
+        raise APIError(503, f"the call cannot be placed now: {err.reason}", "too_many_sessions",
+                       kind="server_error", headers={"Retry-After": str(err.retry_after or 5)}) from None
+    log.info("call %s placed to %s", call.id, dial.target_uri)
+    return JSONResponse(call.as_json(), status_code=201,
+                        headers={"Location": f"/v1/realtime/calls/{call.id}"})
+
+
+def _agent(request: Request) -> SipAgent | None:
+    """The SIP agent while the SIP server runs (serve.py)."""
+    return getattr(request.app.state, "sip_agent", None)
+
+
+@router.get("/v1/realtime/calls/{call_id}", responses={200: {
+    "description": "a call the server placed", "content": {"application/json": {"schema": CALL_SCHEMA}}}})
+async def get_call(request: Request, call_id: str) -> JSONResponse:
+    """A call the server placed: its state (transports/sip/outbound.py)."""
+    agent = _agent(request)
+    call = agent.outbound.get(call_id) if agent is not None else None
+    if call is None:
+        raise _not_found(call_id)
+    return JSONResponse(call.as_json())
 
 
 def _configured(base: SessionConfig, session: Any, voices: list[str],
@@ -202,7 +279,7 @@ class ReferRequest(BaseModel):
 @router.post("/v1/realtime/calls/{call_id}/refer", response_class=Response)
 async def refer_call(request: Request, call_id: str, body: ReferRequest) -> Response:
     """Transfer a live SIP call: a REFER to the caller; its progress comes as server events."""
-    agent: SipAgent | None = getattr(request.app.state, "sip_agent", None)
+    agent = _agent(request)
     call = agent.live.get(call_id) if agent is not None else None
     if call is None:
         if app_state(request).registry.get(call_id) is not None or _ringing_now(request, call_id):
@@ -219,7 +296,13 @@ async def refer_call(request: Request, call_id: str, body: ReferRequest) -> Resp
 
 
 async def _hangup(request: Request, call_id: str) -> Response:
-    """End a live WebRTC or SIP call; a SIP call still ringing is declined (603)."""
+    """End a live WebRTC or SIP call; a SIP call still ringing is declined (603), one we place
+    that still rings is given up (CANCEL)."""
+    agent = _agent(request)
+    placed = agent.outbound.get(call_id) if agent is not None else None
+    if placed is not None and placed.dialling is not None:
+        placed.dialling.cancel()
+        return Response(status_code=200)
     ringing = _ringing_now(request, call_id)
     if ringing is not None:
         try:

@@ -17,6 +17,14 @@ parameter (OpenAI's SDKs always send one) is accepted whatever it names and echo
 ``session.model``; the preset decides which model answers. Messages larger than 16 MiB are refused
 by uvicorn itself (``ws_max_size`` in serve.py), which closes with 1009.
 
+With a ``call_id`` query parameter the socket is the sideband of that live SIP call (incoming or
+placed: duplex/transports/sip/sideband.py), after the same key check: the call's events and the
+app's client events. A call the server is placing is waited for: the sideband attaches when it is
+answered. An unknown call (``call_not_found``), a placed call that was not answered
+(``call_not_answered``, with its state and SIP status), or one with a sideband attached already
+(``sideband_in_use``) gets an ``error`` event, then close 1008. The call does not end with its
+sideband.
+
 A client whose connection dropped resumes its session (docs/resume.md) with the ``resume_token``
 query parameter, its last ``session.created``'s ``session.resume_token``, and the same key or
 client secret as before: the session goes on over the new socket (it keeps its slot: no room is
@@ -44,6 +52,7 @@ from duplex.client_address import limit_key
 from duplex.protocol.events import error_event
 from duplex.registry import TooManySessions
 from duplex.session.resume import ResumeRefused, ResumeStore
+from duplex.transports.sip.sideband import Sideband, SidebandInUse
 from duplex.transports.websocket import WebSocketConnection
 
 log = logging.getLogger(__name__)
@@ -103,6 +112,31 @@ async def _open(websocket: WebSocket, state: AppState, store: ResumeStore, model
     return connection
 
 
+async def _sideband(websocket: WebSocket, call_id: str) -> None:
+    """Serve the sideband of the live SIP call ``call_id``, or refuse (module doc)."""
+    agent = getattr(websocket.app.state, "sip_agent", None)
+    placing = agent.outbound.get(call_id) if agent is not None else None
+    if placing is not None:
+        await placing.placed.wait()  # a call being placed: attach once it is answered
+    call = agent.live.get(call_id) if agent is not None else None
+    if placing is not None and call is None and placing.state != "ended":
+        message = (f"the call {call_id!r} was not answered: {placing.state} "
+                   f"({placing.sip_status} {placing.reason})")
+        code, reason = "call_not_answered", f"call {placing.state}"
+    elif call is None:
+        message = f"no live SIP call {call_id[:80]!r}: a sideband attaches to an answered SIP call"
+        code, reason = "call_not_found", "no such call"
+    else:
+        try:
+            await Sideband(websocket, call).run()
+            return
+        except SidebandInUse as err:
+            message, code, reason = f"{err}: one sideband per call", "sideband_in_use", "sideband in use"
+    log.info("sideband refused: %s", message)
+    await websocket.send_text(json.dumps(error_event(message, code, param="call_id")))
+    await websocket.close(CLOSE_POLICY_VIOLATION, reason)
+
+
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     state: AppState = websocket.app.state.duplex
@@ -117,6 +151,10 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     if not websocket_key_ok(websocket, state.settings.api_key):
         log.info("realtime websocket refused: missing or invalid API key")
         await websocket.close(CLOSE_POLICY_VIOLATION, "missing or invalid API key")
+        return
+    call_id = websocket.query_params.get("call_id")
+    if call_id is not None:
+        await _sideband(websocket, call_id)
         return
     store = state.resumes
     token = websocket.query_params.get("resume_token")

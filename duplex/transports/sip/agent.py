@@ -4,8 +4,12 @@ The module of ``sip/`` that knows the session layer (with ringing.py, which hand
 config). :class:`SipAgent` is the SIP server's acceptor: for each INVITE it admits a session
 (``TooManySessions`` becomes a 503) and returns a :class:`SipSessionCall`. With a call webhook it
 first lets the call ring while the app decides (ringing.py), then starts the session with the
-config the app accepted it with. The call's id, in the webhook, the API and the logs, is
-:func:`session_id`. A :class:`SipSessionCall` carries the call's audio both ways for its whole life:
+config the app accepted it with. It also places calls (``dial``: the API's ``POST
+/v1/realtime/calls`` with a ``target_uri``) through the server (dial.py), kept in its
+:class:`~.outbound.OutboundCalls`; a call the callee answers gets its session exactly as an
+incoming one does, with the config the app placed it with. The call's id, in the webhook, the
+API and the logs, is :func:`session_id`. A :class:`SipSessionCall` carries the call's audio both
+ways for its whole life:
 
 - inbound: 8 kHz G.711, decoded by the stack to int16, resampled to the session's 16 kHz;
 - outbound: the agent's voice through a ``PacedPlayout`` on an 8 kHz :class:`FrameQueue`, from
@@ -17,12 +21,13 @@ config the app accepted it with. The call's id, in the webhook, the API and the 
   test caller playing a file). Turn-taking runs on audio time, so a gap longer than
   ``GAP_FILL_AFTER_S`` is filled with silence on the 20 ms tick of the outbound sender.
 
-There is no events channel on a phone call: server events go to the recording's log, if any, and
-are dropped (the session log keeps the story). A transfer (``refer``, the API's ``/refer``)
-reports its progress as server events (``call.transfer.progress``, then ``call.transfer.completed``
-or ``call.transfer.failed``). The call ends once, whoever ends it: ``on_ended`` from the stack
-(BYE, CANCEL, media timeout, a completed transfer, server close) or the server hanging up
-(registry, shutdown) through ``CallControl``.
+A phone call has no events channel of its own: server events go to the recording's log, if any,
+and to the call's sideband while one is attached (sideband.py: ``GET /v1/realtime?call_id=…``);
+otherwise they are dropped (the session log keeps the story). A transfer (``refer``, the API's
+``/refer``) reports its progress as server events (``call.transfer.progress``, then
+``call.transfer.completed`` or ``call.transfer.failed``). The call ends once, whoever ends it:
+``on_ended`` from the stack (BYE, CANCEL, media timeout, a completed transfer, server close) or
+the server hanging up (registry, shutdown) through ``CallControl``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
 from duplex.transports.binding import Closing, SessionBinding
+from duplex.transports.sip.dial import DialError
 from duplex.transports.sip.handler import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
@@ -56,7 +62,10 @@ from duplex.transports.sip.handler import (
     EndReason,
     SipCallInfo,
 )
+from duplex.transports.sip.outbound import DialledCall, OutboundCalls
 from duplex.transports.sip.ringing import RingingCalls
+from duplex.transports.sip.server import SipServer
+from duplex.transports.sip.sideband import Sideband, SidebandInUse
 from duplex.turns.vad import SAMPLE_RATE as SESSION_RATE
 
 log = logging.getLogger(__name__)
@@ -97,15 +106,18 @@ class SipSessionCall:
         self._heard_until: float | None = None  # monotonic time the inbound audio reaches
         self._held = False
         self._ending: asyncio.Task[None] | None = None
-        self.forget: Callable[[], object] = lambda: None  # the agent's, to drop it from its table
+        # The agent's, to drop it from its tables when it ends (given the stack's reason).
+        self.forget: Callable[[EndReason], object] = lambda reason: None
+        self.sideband: Sideband | None = None  # the app's WebSocket on the call, while attached
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
 
     def start(self) -> None:
         """Admit the session (raises TooManySessions) and start it."""
         self.binding.admit()
         self.binding.start()
-        self.log.info("call from %s (%s, dtmf %s)", self.info.from_uri, self.info.codec,
-                      self.info.dtmf)
+        self.log.info("call %s %s (%s, dtmf %s)", "to" if self.info.outbound else "from",
+                      self.info.to_uri if self.info.outbound else self.info.from_uri,
+                      self.info.codec, self.info.dtmf)
 
     def refer(self, target_uri: str) -> None:
         """Transfer the call to ``target_uri`` (a REFER to the caller); raises InvalidTarget or
@@ -128,7 +140,19 @@ class SipSessionCall:
     # --- SessionTransport --------------------------------------------------------------------
 
     def send_event(self, event: dict[str, Any]) -> None:
-        """A phone call has no events channel."""
+        """To the sideband, if one is attached (module doc)."""
+        if self.sideband is not None:
+            self.sideband.send(event)
+
+    def attach(self, sideband: Sideband) -> None:
+        """The app's sideband (sideband.py); raises SidebandInUse while another is attached."""
+        if self.sideband is not None:
+            raise SidebandInUse(f"call {self.id!r} has a sideband already")
+        self.sideband = sideband
+
+    def detach(self, sideband: Sideband) -> None:
+        if self.sideband is sideband:
+            self.sideband = None
 
     # --- CallMedia ---------------------------------------------------------------------------
 
@@ -171,7 +195,9 @@ class SipSessionCall:
         self.log.info("call ended (%s) after %.1f s of the caller's audio", reason,
                       self._received / SAMPLE_RATE)
         self.queue.close()
-        self.forget()
+        self.forget(reason)
+        if self.sideband is not None:
+            self.sideband.call_ended()
         if self._ending is None:
             self._ending = asyncio.get_running_loop().create_task(self.binding.end(f"sip {reason}"))
 
@@ -192,6 +218,9 @@ class SipAgent:
         self._ringing = ringing
         # The answered calls by id, from their start to their end (for /refer).
         self.live: dict[str, SipSessionCall] = {}
+        self.outbound = OutboundCalls()  # the calls it placed (outbound.py)
+        self.server: SipServer | None = None  # places its calls; set by serve.py once it exists
+        self._dialling = 0  # dial() calls between their room check and their table entry
 
     def __call__(self, call: SipCallInfo,
                  control: CallControl) -> SipSessionCall | Awaitable[SipSessionCall]:
@@ -200,13 +229,37 @@ class SipAgent:
         self._check_room()
         return self._decided(call, control, self._ringing)
 
+    async def dial(self, target_uri: str, config: SessionConfig,
+                   ring_timeout_s: float) -> DialledCall:
+        """Place a call to ``target_uri`` whose session, once the callee answers, runs with
+        ``config``; returns as the INVITE leaves. Raises CallRefused (no room, no pipeline, the
+        SIP server off or unable: 503), InvalidTarget (400) before anything is sent."""
+        if self.server is None:
+            raise CallRefused(503, "the SIP server is not running")
+        self._check_room()
+        self._dialling += 1  # counted from here: dial() awaits before the call is in the table
+        try:
+            dialling = await self.server.dial(
+                target_uri, lambda info, control: self._answer(info, control, config),
+                lambda progress: self.outbound.progress(session_id(progress.call_id), progress),
+                ring_timeout_s)
+        except DialError as err:
+            raise CallRefused(503, str(err), retry_after=5) from None
+        finally:
+            self._dialling -= 1
+        call = DialledCall(session_id(dialling.call_id), target_uri, dialling)
+        self.outbound.add(call)
+        return call
+
     def _check_room(self) -> None:
-        """Refuse a call that would ring beyond ``--max-sessions``: ringing calls count beside
-        the live sessions (the registry's own check_room knows only the live ones)."""
+        """Refuse a call that would ring, or be placed, beyond ``--max-sessions``: ringing calls
+        and calls being placed count beside the live sessions (the registry's own check_room
+        knows only the live ones)."""
         if self._pipeline() is None:
             raise CallRefused(503, "Service Unavailable", retry_after=5)
         ringing = len(self._ringing) if self._ringing is not None else 0
-        if len(self._registry) + ringing >= self._registry.max_sessions:
+        held = len(self._registry) + ringing + self.outbound.placing() + self._dialling
+        if held >= self._registry.max_sessions:
             raise CallRefused(503, "Service Unavailable", retry_after=TooManySessions.retry_after_s)
 
     async def _decided(self, call: SipCallInfo, control: CallControl,
@@ -237,5 +290,9 @@ class SipAgent:
         except TooManySessions as err:
             raise CallRefused(503, "Service Unavailable", retry_after=err.retry_after_s) from None
         self.live[session_call.id] = session_call
-        session_call.forget = lambda: self.live.pop(session_call.id, None)
+        session_call.forget = lambda reason: self._forget(session_call.id, reason)
         return session_call
+
+    def _forget(self, call_id: str, reason: EndReason) -> None:
+        self.live.pop(call_id, None)
+        self.outbound.ended(call_id, reason)

@@ -6,9 +6,12 @@ may be transferred (REFER, refer.py); a transfer that succeeds ends it. Every wa
 goes through :meth:`SipCall.end`, which runs once: it sends the BYE when the call was answered and
 we are the ones ending it, closes the RTP session and calls the media object's ``on_ended``.
 
-The server (server.py) creates a call per new INVITE, routes the dialog's requests to it and
-forgets it when it ends; the call owns its RTP session, its media object and its 2xx
-retransmitter, and releases all three in ``end``.
+A call we placed (dial.py) is made when the callee's 2xx is acknowledged, confirmed from the
+start (:meth:`SipCall.dialled`); from then on it is like any other.
+
+The server (server.py) creates a call per new INVITE (or adopts the one dial.py made), routes the
+dialog's requests to it and forgets it when it ends; the call owns its RTP session, its media
+object and its 2xx retransmitter, and releases all three in ``end``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import random
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from .handler import (
@@ -60,28 +64,43 @@ class Signalling(Protocol):
     def forget(self, call: SipCall) -> None: ...
 
 
+@dataclass(frozen=True)
+class Dialog:
+    """What identifies a dialog and what our requests in it carry (RFC 3261 §12)."""
+
+    call_id: str
+    local_tag: str
+    remote_tag: str
+    local: str  # our From in requests (name-addr with our tag)
+    remote: str  # their To in requests (with their tag)
+    target: str  # the remote target: where our requests' Request-URI points (their Contact)
+    routes: list[str]  # the route set, in the order our requests carry it
+    remote_cseq: int  # the last CSeq number of their requests
+    local_cseq: int  # the last CSeq number of ours
+
+
 class SipCall:
     """See module doc. Implements :class:`~.handler.CallControl` for the media object."""
 
     def __init__(self, sig: Signalling, invite: SipMessage, peer: tuple[str, int],
-                 neg: Negotiated) -> None:
+                 neg: Negotiated, dialog: Dialog) -> None:
+        """Use :meth:`offered` (we answer ``invite``) or :meth:`dialled` (we sent it)."""
         self._sig = sig
-        self._invite = invite
+        self._invite = invite  # the dialog's INVITE: answered from it while "offered"
         self.peer = peer
-        self._call_id = invite.call_id
-        self.remote_tag = invite.from_tag or ""
-        self.local_tag = secrets.token_hex(6)
+        self._call_id = dialog.call_id
+        self.remote_tag = dialog.remote_tag
+        self.local_tag = dialog.local_tag
         self.state = "offered"
         self.end_reason: EndReason | None = None
         self.ended = asyncio.Event()
         self.log = logging.LoggerAdapter(log, {"session_id": self._call_id})
-        # Dialog state (RFC 3261 §12.1.1): our From in requests is the INVITE's To plus our tag.
-        self._local = f"{invite.get('to')};tag={self.local_tag}"
-        self._remote = invite.get("from") or ""
-        self._target = uri_of(invite.get("contact") or self._remote)
-        self._routes = invite.get_all("record-route")
-        self._remote_cseq = invite.cseq[0]
-        self._local_cseq = random.randint(1, 10000)
+        self._local = dialog.local
+        self._remote = dialog.remote
+        self._target = dialog.target
+        self._routes = dialog.routes
+        self._remote_cseq = dialog.remote_cseq
+        self._local_cseq = dialog.local_cseq
         # Offer/answer state.
         self.negotiated = neg
         self._sdp_session = random.getrandbits(31)
@@ -94,6 +113,38 @@ class SipCall:
         # The acceptor deciding on the call (when it answers awaitably): cancelled by end().
         self._deciding: asyncio.Future[CallMedia] | None = None
         self._transfer: Transfer | None = None  # the latest REFER we sent (refer.py)
+
+    @classmethod
+    def offered(cls, sig: Signalling, invite: SipMessage, peer: tuple[str, int],
+                neg: Negotiated) -> SipCall:
+        """The call of an INVITE we received (we are its UAS): RFC 3261 §12.1.1, our From in
+        requests is the INVITE's To plus our tag."""
+        local_tag = secrets.token_hex(6)
+        remote = invite.get("from") or ""
+        return cls(sig, invite, peer, neg, Dialog(
+            call_id=invite.call_id, local_tag=local_tag, remote_tag=invite.from_tag or "",
+            local=f"{invite.get('to')};tag={local_tag}", remote=remote,
+            target=uri_of(invite.get("contact") or remote), routes=invite.get_all("record-route"),
+            remote_cseq=invite.cseq[0], local_cseq=random.randint(1, 10000)))
+
+    @classmethod
+    def dialled(cls, sig: Signalling, invite: SipMessage, ok: SipMessage, peer: tuple[str, int],
+                neg: Negotiated, media: RtpSession | None, sdp_session: int) -> SipCall:
+        """The call of an INVITE we sent (dial.py), answered by ``ok`` and acknowledged:
+        RFC 3261 §12.1.2, the callee's tag and Contact from the 2xx, its Record-Route reversed.
+        Confirmed from the start; :meth:`begin` runs its media (``media`` None: a call answered
+        after we gave it up, which is only hung up)."""
+        remote = ok.get("to") or ""
+        call = cls(sig, invite, peer, neg, Dialog(
+            call_id=invite.call_id, local_tag=invite.from_tag or "", remote_tag=ok.to_tag or "",
+            local=invite.get("from") or "", remote=remote,
+            target=uri_of(ok.get("contact") or invite.uri),
+            routes=list(reversed(ok.get_all("record-route"))),
+            remote_cseq=-1, local_cseq=invite.cseq[0]))  # -1: the callee's first CSeq is any
+        call.state = "confirmed"
+        call.media = media
+        call._sdp_session, call._sdp_version = sdp_session, 1  # our offer's o= line
+        return call
 
     @property
     def call_id(self) -> str:
@@ -145,12 +196,17 @@ class SipCall:
         if self.state == "ended":  # cancelled (or hung up) while the acceptor decided
             self._safe(handler.on_ended, self.end_reason or "cancelled")
             return
-        self._handler = handler
         self.state = "answered"
         self.log.info("answering %s with %s from %s", info.from_uri, neg.codec, self.peer[0])
         self._answer(self._invite, neg)
-        self.media.start(handler, neg, on_timeout=lambda: self.end("media-timeout"))
-        if neg.held:
+        self.begin(handler)
+
+    def begin(self, handler: CallMedia) -> None:
+        """Run the call's media for ``handler`` (answered, or a dialled call confirmed)."""
+        assert self.media is not None
+        self._handler = handler
+        self.media.start(handler, self.negotiated, on_timeout=lambda: self.end("media-timeout"))
+        if self.negotiated.held:
             self._safe(handler.on_hold, True)
 
     def _refuse(self, status: int, headers: list[tuple[str, str]],

@@ -54,8 +54,10 @@ class SipCallInfo:
     dtmf: bool  # whether RFC 4733 telephone events were negotiated
     local_rtp: tuple[str, int]  # our RTP address as advertised in the answer
     remote_rtp: tuple[str, int]  # the peer's RTP address from its offer
-    # The INVITE's headers as received, in order, names in their usual spelling ("Call-ID").
+    # The INVITE's headers as received (a call we placed: its 2xx's), in order, names in their
+    # usual spelling ("Call-ID").
     headers: tuple[tuple[str, str], ...] = ()
+    outbound: bool = False  # we placed the call (dial.py): from_uri is ours, to_uri the callee
 
 
 class CallRefused(Exception):

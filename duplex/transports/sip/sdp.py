@@ -4,7 +4,10 @@
 codec in the offer's order (PCMU or PCMA, by static payload type or by rtpmap), RFC 4733
 telephone-event when offered, the peer's RTP address, and our direction (the mirror of theirs).
 ``answer(...)`` writes the answer: the same m= lines in the same order (RFC 3264 §6), every one
-but the chosen audio stream rejected with port 0.
+but the chosen audio stream rejected with port 0. ``offer(...)`` writes ours for a call we place
+(dial.py): the codecs we answer with, PCMU first, and telephone-event; the callee's answer is then
+read by ``negotiate`` as any SDP is (its first codec of ours, its address, the mirror of its
+direction).
 
 Plain values; the call (see call.py) keeps its :class:`Negotiated` and its o= line's version.
 """
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 STATIC = {0: "PCMU", 8: "PCMA"}
 CODECS = ("PCMU", "PCMA")
 CLOCK_RATE = 8000
+DTMF_PT = 101  # the dynamic payload type our offers give telephone-event
 _MIRROR = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly",
            "inactive": "inactive"}
 
@@ -176,4 +180,24 @@ def answer(neg: Negotiated, address: str, port: int, session_id: int, version: i
             lines.append(f"a=fmtp:{neg.dtmf_payload_type} 0-15")
         lines.append("a=ptime:20")
         lines.append(f"a={neg.direction}")
+    return "\r\n".join(lines) + "\r\n"
+
+
+def offer(address: str, port: int, session_id: int, version: int) -> str:
+    """Our SDP offer for a call we place: PCMU, PCMA and telephone-event on ``address:port``."""
+    family = "IP6" if ":" in address else "IP4"
+    static = " ".join(str(pt) for pt in STATIC)
+    lines = [
+        "v=0",
+        f"o=duplex {session_id} {version} IN {family} {address}",
+        "s=duplex",
+        f"c=IN {family} {address}",
+        "t=0 0",
+        f"m=audio {port} RTP/AVP {static} {DTMF_PT}",
+        *(f"a=rtpmap:{pt} {name}/{CLOCK_RATE}" for pt, name in STATIC.items()),
+        f"a=rtpmap:{DTMF_PT} telephone-event/{CLOCK_RATE}",
+        f"a=fmtp:{DTMF_PT} 0-15",
+        "a=ptime:20",
+        "a=sendrecv",
+    ]
     return "\r\n".join(lines) + "\r\n"

@@ -7,8 +7,13 @@ table, kept 64*T1 after the final response), and routes INVITE / ACK / BYE / CAN
 the call of their dialog (Call-ID + the caller's tag; our tag checked on in-dialog requests), and
 the responses to our own requests (BYE, REFER) to whoever sent them, by Via branch.
 
-The server owns the socket, the RTP port pool, the transaction table and the calls; ``close``
-ends every call with a BYE, waits briefly for the BYEs to be answered and releases all of it.
+``dial`` places a call (dial.py): the target is checked against the same allow-list, and the
+INVITE's responses are routed to its :class:`~.dial.Dialling` by branch until it is answered (the
+call then joins the others) or has failed.
+
+The server owns the socket, the RTP port pool, the transaction table, the calls and the calls
+being placed; ``close`` gives up the calls being placed (CANCEL), ends every call with a BYE,
+waits briefly for the BYEs to be answered and releases all of it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .call import SipCall
+from .dial import DialError, DialledAcceptor, Dialling, TargetNotAllowed, parse_target
 from .handler import CallAcceptor
 from .media import PortPool, RtpSession
 from .message import SipMessage, SipParseError, parse
@@ -86,6 +92,7 @@ class SipServer:
         self._requests: dict[str, Retransmitter] = {}  # our BYEs and REFERs by Via branch
         self._answers: dict[str, Callable[[SipMessage | None], None]] = {}  # who awaits a response
         self._setups: set[asyncio.Task] = set()
+        self.dialling: dict[str, Dialling] = {}  # the INVITEs we sent, by Via branch (dial.py)
         self._closing = False  # close() has begun: new calls get 503
 
     @property
@@ -111,6 +118,8 @@ class SipServer:
         for task in setups:
             task.cancel()
         await asyncio.gather(*setups, return_exceptions=True)
+        for dialling in list(self.dialling.values()):
+            dialling.close()
         for call in list(self.calls.values()):
             call.end("server-closed")
         pending = [r.wait() for r in self._requests.values()]
@@ -149,18 +158,18 @@ class SipServer:
         tx = self._transactions.setdefault(_key(request), _ServerTransaction(addr))
         tx.status, tx.data = status, data
         if status < 200:
-            self._send(data, addr)
+            self.send(data, addr)
             return None
         loop = asyncio.get_running_loop()
         if tx.expiry is None:
             tx.expiry = loop.call_later(self.timers.timeout,
                                         self._transactions.pop, _key(request), None)
         if request.method != "INVITE":
-            self._send(data, addr)
+            self.send(data, addr)
             return None
         if tx.retransmit is not None:
             tx.retransmit.stop()
-        tx.retransmit = Retransmitter(lambda: self._send(data, addr), self.timers,
+        tx.retransmit = Retransmitter(lambda: self.send(data, addr), self.timers,
                                       on_timeout)
         return tx.retransmit
 
@@ -176,10 +185,42 @@ class SipServer:
             if self._answers.pop(branch, None) is not None and on_response is not None:
                 on_response(None)
 
-        self._requests[branch] = Retransmitter(lambda: self._send(data, addr), self.timers,
+        self._requests[branch] = Retransmitter(lambda: self.send(data, addr), self.timers,
                                                on_timeout=timed_out)
         if on_response is not None:
             self._answers[branch] = on_response
+
+    async def dial(self, target_uri: str, answer: DialledAcceptor,
+                   on_progress: Callable[[Dialling], None], ring_timeout_s: float) -> Dialling:
+        """Place a call to ``target_uri`` (dial.py); returns once the INVITE is sent. Raises
+        InvalidTarget (TargetNotAllowed: outside the allow-list) before anything is sent, or
+        DialError when no call can be placed now."""
+        target = parse_target(target_uri)
+        if not self.allowed(target.address[0]):
+            raise TargetNotAllowed(f"the target's address {target.address[0]} is not in the "
+                                   "SIP allow-list (--sip-allow)")
+        if self._closing or self._transport is None:
+            raise DialError("the SIP server is not running")
+        try:
+            media = await self.open_media(logging.LoggerAdapter(log, {"session_id": "dial"}))
+        except OSError:
+            raise DialError("no RTP port left") from None
+        if self._closing:
+            media.close()
+            raise DialError("the SIP server is closing")
+        dialling = Dialling(self, target, media, answer, on_progress, ring_timeout_s)
+        media.log = dialling.log
+        self.dialling[dialling.branch] = dialling
+        dialling.start()
+        return dialling
+
+    def adopt(self, call: SipCall) -> None:
+        """A call we placed was answered: its dialog's requests come to it from now on."""
+        self.calls[(call.call_id, call.remote_tag)] = call
+
+    def untrack(self, dialling: Dialling) -> None:
+        if self.dialling.get(dialling.branch) is dialling:
+            del self.dialling[dialling.branch]
 
     def open_media(self, log: logging.LoggerAdapter):
         return RtpSession.open(self.config.host, self._pool, self.allowed,
@@ -191,7 +232,7 @@ class SipServer:
 
     # Receiving ------------------------------------------------------------------------------
 
-    def _send(self, data: bytes, addr: tuple[str, int]) -> None:
+    def send(self, data: bytes, addr: tuple[str, int]) -> None:
         if self._transport is not None:
             self._transport.sendto(data, addr)
 
@@ -205,7 +246,7 @@ class SipServer:
             log.info("unacceptable SIP message from %s: %s", addr[0], exc.reason)
             if (exc.status and bad is not None and bad.method not in ("", "ACK")
                     and bad.get("via") and self.allowed(addr[0])):
-                self._send(response(bad, exc.status, addr, to_tag=_tag()).serialise(), addr)
+                self.send(response(bad, exc.status, addr, to_tag=_tag()).serialise(), addr)
             return
         if not msg.is_request:
             self._on_response(msg)
@@ -214,7 +255,7 @@ class SipServer:
             log.warning("SIP %s from %s refused: not in the allow-list", msg.method, addr[0],
                         extra={"session_id": msg.call_id})
             if msg.method != "ACK":
-                self._send(response(msg, 403, addr, to_tag=_tag()).serialise(), addr)
+                self.send(response(msg, 403, addr, to_tag=_tag()).serialise(), addr)
             return
         if msg.method == "ACK":
             self._on_ack(msg)
@@ -222,7 +263,7 @@ class SipServer:
         tx = self._transactions.get(_key(msg))
         if tx is not None:  # a retransmission: the same answer again, if there is one yet
             if tx.data:
-                self._send(tx.data, addr)
+                self.send(tx.data, addr)
             return
         self._transactions[_key(msg)] = _ServerTransaction(addr)
         self._dispatch(msg, addr)
@@ -287,7 +328,7 @@ class SipServer:
                 ("warning", f'304 - "{exc}"')])
             return
         self.respond(msg, addr, 100)
-        call = SipCall(self, msg, addr, neg)
+        call = SipCall.offered(self, msg, addr, neg)
         self.calls[(call.call_id, call.remote_tag)] = call
         task = asyncio.get_running_loop().create_task(call.setup(self._accept))
         self._setups.add(task)
@@ -313,6 +354,10 @@ class SipServer:
             call.cancel()
 
     def _on_response(self, msg: SipMessage) -> None:
+        dialling = self.dialling.get(msg.branch)
+        if dialling is not None and msg.cseq[1] == "INVITE":  # a CANCEL shares the branch
+            dialling.on_response(msg)
+            return
         if msg.status < 200:
             return
         retransmitter = self._requests.pop(msg.branch, None)

@@ -1,7 +1,8 @@
 """SIP transactions over UDP (RFC 3261 §17): retransmission timers and response building.
 
 - :class:`Retransmitter` resends one datagram on the T1-doubling-to-T2 schedule (timer G for our
-  final responses to INVITE, timer E for our BYE) until stopped or until 64*T1 (timers H / F).
+  final responses to INVITE, timer E for our BYE) until stopped or until 64*T1 (timers H / F);
+  timer A, for an INVITE we send, doubles without the T2 cap (§17.1.1.2).
 - :func:`response` builds a response to a request: its Vias, From, To (with our tag), Call-ID and
   CSeq copied, the top Via marked with where the request really came from (RFC 3261 §18.2.1,
   RFC 3581 rport), since responses go back to that source address.
@@ -56,10 +57,12 @@ class Retransmitter:
     """
 
     def __init__(self, send: Callable[[], None], timers: SipTimers,
-                 on_timeout: Callable[[], None] | None = None) -> None:
+                 on_timeout: Callable[[], None] | None = None, capped: bool = True) -> None:
+        """``capped=False``: the interval keeps doubling past T2 (timer A, our INVITEs)."""
         self._send = send
         self._timers = timers
         self._on_timeout = on_timeout
+        self._cap = timers.t2 if capped else float("inf")
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     @property
@@ -82,7 +85,7 @@ class Retransmitter:
             if loop.time() >= give_up:
                 break
             self._send()
-            interval = min(interval * 2, self._timers.t2)
+            interval = min(interval * 2, self._cap)
         if self._on_timeout is not None:
             try:
                 self._on_timeout()
