@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from duplex.api.errors import APIError
 from duplex.media.resample import Resampler
+from duplex.protocol import images
 from duplex.protocol.modalities import CODE, not_taken
 
 MODEL_RATE = 16000
@@ -162,6 +163,12 @@ def _check_images(request: ChatRequest, inputs: tuple[str, ...]) -> None:
             if not part.image_url.url.startswith("data:"):
                 raise _bad("remote image URLs are not fetched: send the image as a data URL",
                            f"{param}.image_url.url")
+            if message.role != "user":
+                raise _bad(f"images are only allowed in user messages, not {message.role}", param)
+            try:
+                images.parse_data_url(part.image_url.url)
+            except images.ImageError as err:
+                raise _bad(str(err), f"{param}.image_url.url", "invalid_image") from None
 
 
 def _decode_audio(part: InputAudio, param: str, max_seconds: float) -> np.ndarray:
@@ -194,16 +201,22 @@ def _decode_audio(part: InputAudio, param: str, max_seconds: float) -> np.ndarra
 
 
 def model_messages(request: ChatRequest, max_audio_s: float) -> list[dict[str, Any]]:
-    """``OmniRequest.inputs["messages"]``; CPU-bound (audio decoding): run it off the event loop."""
+    """``OmniRequest.inputs["messages"]``; CPU-bound (audio and image decoding): run it off the
+    event loop."""
     out: list[dict[str, Any]] = []
     for i, message in enumerate(request.messages):
         texts: list[str] = []
         audio: list[np.ndarray] = []
+        pictures: list[np.ndarray] = []
         parts = [TextPart(type="text", text=message.content)] if isinstance(message.content, str) \
             else message.content or []
         for j, part in enumerate(parts):
-            assert not isinstance(part, ImagePart), "parse_request refused it: no model sees yet"
-            if isinstance(part, TextPart):
+            if isinstance(part, ImagePart):  # parse_request checked it (a model that sees, a data URL)
+                try:
+                    pictures.append(images.decode(images.parse_data_url(part.image_url.url)))
+                except images.ImageError as err:
+                    raise _bad(str(err), f"messages.{i}.content.{j}.image_url.url", "invalid_image") from None
+            elif isinstance(part, TextPart):
                 texts.append(part.text)
             elif message.role != "user":
                 raise _bad(f"input_audio is only allowed in user messages, not {message.role}",
@@ -216,13 +229,14 @@ def model_messages(request: ChatRequest, max_audio_s: float) -> list[dict[str, A
             raise _bad("assistant audio references are not kept by this server; send the "
                        "transcript as the message's content", f"messages.{i}.audio")
         text = "".join(texts) or None
-        if text is None and not audio:
+        if text is None and not audio and not pictures:
             continue
         out.append({
             "role": "system" if message.role == "developer" else message.role,
             "text": text,
             "audio": np.concatenate(audio) if audio else None,
             "sample_rate": MODEL_RATE if audio else None,
+            **({"images": pictures} if pictures else {}),
         })
     if sum(len(m["audio"]) for m in out if m["audio"] is not None) > max_audio_s * MODEL_RATE:
         raise _bad(f"input audio longer than {max_audio_s:.0f} s in all", "messages")

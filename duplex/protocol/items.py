@@ -27,4 +27,9 @@ def wire_item(item: Item) -> dict[str, Any]:
     if item.speaks:
         return assistant_item(item.id, True, item.transcript,
                               "incomplete" if item.truncated_at_ms is not None else "completed")
-    return message_item(item.id, item.role, item.transcript or None, audio=item.audio is not None)
+    wire = message_item(item.id, item.role, item.transcript or None, audio=item.audio is not None)
+    if item.images:
+        # The server keeps the decoded pixels, not the data URL: the parts say an image was there.
+        said = wire["content"] if item.audio is not None or item.transcript else []
+        wire["content"] = [*said, *({"type": "input_image", "detail": "auto"} for _ in item.images)]
+    return wire

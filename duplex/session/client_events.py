@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from duplex.media.offloop import off_loop
+from duplex.protocol import images as image_input
 from duplex.protocol.events import RealtimeError, error_event, event, new_id
 from duplex.protocol.items import wire_item
 from duplex.protocol.modalities import CODE, not_taken
@@ -59,6 +60,11 @@ AUDIO_BURST_S = 120.0
 # deletes two-minute items in a loop has the seventh refused, before it is decoded.
 ITEM_AUDIO_RATE_S = AUDIO_RATE_S
 ITEM_AUDIO_BURST_S = 1.25 * MAX_CLIENT_AUDIO_BYTES / HELD_BYTES_PER_S
+# Images a connection may have decoded, a second: each is decoded off the loop, but one at the
+# pixel cap costs ~0.1 s of a core, and a client that creates and deletes image items in a loop
+# would keep decoding. The burst is a conversation's whole share of images at once.
+IMAGE_RATE = 4.0
+IMAGE_BURST = float(image_input.MAX_CONVERSATION_IMAGES)
 # Audio shorter than this is decoded on the loop (~0.4 ms a second of 24 kHz pcm16): the hop to a
 # thread and back would cost more than the work.
 OFF_LOOP_MIN_S = 1.0
@@ -108,6 +114,7 @@ class ClientEvents:
         self._decoder: InboundDecoder | None = None  # input_audio_buffer.append's stream
         self._audio_budget = AudioBudget("appended audio", AUDIO_RATE_S, AUDIO_BURST_S)
         self._item_budget = AudioBudget("item audio", ITEM_AUDIO_RATE_S, ITEM_AUDIO_BURST_S)
+        self._image_budget = TokenBucket(IMAGE_RATE, IMAGE_BURST)
 
     async def handle(self, message: Any) -> bool:
         """One client event (parsed JSON); a bad one becomes an ``error`` event. False when it is
@@ -174,11 +181,13 @@ class ClientEvents:
         if raw.get("type") == "mcp_approval_response":
             self._approval(raw)
             return
-        item, audio = self._item(raw, "item")
+        item, audio, images = self._item(raw, "item")
         seconds = self._seconds(audio)
         self._check_caps(seconds)
+        self._check_images(images, "item.content")
         self._item_budget.take(seconds, "item.content")
         await self._decode_into(item, audio, seconds)
+        await self._decode_images(item, images, "item.content")
         self.session.conversation.create(item)
         self._created.add(item.id)
         if isinstance(item.call, FunctionCall) and item.call.output is not None:
@@ -233,6 +242,34 @@ class ClientEvents:
         item.audio = await _decode(seconds, _decode_parts, self.session.config.input_format, audio)
         item.sample_rate = SAMPLE_RATE
 
+    def _check_images(self, images: Sequence[image_input.EncodedImage], param: str,
+                      held: int = 0) -> None:
+        """Refuse images beyond the per-item cap, the per-conversation cap (``held`` more besides
+        the history's) and the connection's image budget, before any is decoded."""
+        if len(images) > image_input.MAX_IMAGES_PER_ITEM:
+            raise RealtimeError(f"an item holds at most {image_input.MAX_IMAGES_PER_ITEM} images",
+                                code="item_limit_exceeded", param=param)
+        held += sum(len(i.images) for i in self.session.history.items)
+        if images and held + len(images) > image_input.MAX_CONVERSATION_IMAGES:
+            raise RealtimeError(
+                f"the conversation would hold {held + len(images)} images, over the cap "
+                f"(MAX_CONVERSATION_IMAGES = {image_input.MAX_CONVERSATION_IMAGES}); delete some first",
+                code="item_limit_exceeded", param=param)
+        if images and not self._image_budget.take(len(images)):
+            raise RealtimeError(
+                f"more than {IMAGE_RATE:g} images a second (bursts of {IMAGE_BURST:g}): these "
+                f"{len(images)} were refused", code="rate_limited", param=param)
+
+    async def _decode_images(self, item: Item, images: Sequence[image_input.EncodedImage], param: str) -> None:
+        """Give ``item`` its images, decoded off the loop (every image is: a PNG's inflate or a
+        JPEG's decode of a few megapixels takes tens of milliseconds)."""
+        if not images:
+            return
+        try:
+            item.images = await off_loop(image_input.decode_all, list(images))
+        except image_input.ImageError as err:
+            raise RealtimeError(str(err), code="invalid_image", param=param) from None
+
     def _check_caps(self, seconds: float) -> None:
         """Refuse a new item beyond :data:`MAX_CLIENT_ITEMS`, or one whose ``seconds`` of audio
         would pass :data:`MAX_CLIENT_AUDIO_BYTES` (before it is decoded)."""
@@ -251,16 +288,18 @@ class ClientEvents:
                 f"float32), over the cap (MAX_CLIENT_AUDIO_BYTES = {MAX_CLIENT_AUDIO_BYTES}); "
                 "delete some first", code="item_limit_exceeded", param="item.content")
 
-    def _item(self, raw: dict[str, Any], param: str) -> tuple[Item, list[str]]:
+    def _item(self, raw: dict[str, Any], param: str
+              ) -> tuple[Item, list[str], list[image_input.EncodedImage]]:
         """A client's item (``conversation.item.create``, ``response.input``): a message, a function
         call's output, or a function call (a past one, as some clients replay their history); and
-        its audio parts, base64 in the session's input format, still to be decoded (each a stream
-        of its own) once they fit the budget."""
+        its audio parts, base64 in the session's input format, and its images (data URLs, on
+        presets that see), still to be decoded (each audio part a stream of its own) once they fit
+        the budget and the caps."""
         kind = raw.get("type", "message")
         item_id = raw.get("id") if isinstance(raw.get("id"), str) else new_id("item")
         if kind in ("function_call", "function_call_output"):
             return Item(item_id, "assistant" if kind == "function_call" else "user",
-                        call=self._call(raw, kind, param)), []
+                        call=self._call(raw, kind, param)), [], []
         if kind != "message":
             where = " (only conversation.item.create takes an mcp_approval_response)" \
                 if kind == "mcp_approval_response" else ""
@@ -273,6 +312,7 @@ class ClientEvents:
             raise RealtimeError(f"{param}.content must be a non-empty list", param=f"{param}.content")
         texts: list[str] = []
         audio: list[str] = []
+        images: list[image_input.EncodedImage] = []
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("input_text", "text", "output_text"):
@@ -282,13 +322,19 @@ class ClientEvents:
             elif kind == "input_image" and "image" not in self.session.pipeline.input_modalities:
                 raise RealtimeError(not_taken("image", self.session.pipeline.input_modalities),
                                     code=CODE, param=f"{param}.content")
+            elif kind == "input_image" and role == "user":
+                try:
+                    images.append(image_input.parse_data_url(part.get("image_url")))
+                except image_input.ImageError as err:
+                    raise RealtimeError(str(err), code="invalid_image",
+                                        param=f"{param}.content.image_url") from None
             else:
                 raise RealtimeError(f"content type {kind!r} is not supported for {role}",
                                     param=f"{param}.content.type")
         text = "".join(texts) or None
         if text is not None and len(text) > MAX_TEXT_CHARS:
             raise RealtimeError(f"text longer than {MAX_TEXT_CHARS} characters", param=f"{param}.content")
-        return Item(item_id, role, text=text), audio
+        return Item(item_id, role, text=text), audio, images
 
     def _call(self, raw: dict[str, Any], kind: str, param: str) -> FunctionCall:
         call_id = _field(raw, "call_id", str)
@@ -302,15 +348,16 @@ class ClientEvents:
                      if i.call is not None and i.call.call_id == call_id), "")
         return FunctionCall(call_id, name, output=output)
 
-    def _input_item(self, raw: dict[str, Any], param: str) -> tuple[Item, list[str]]:
-        """An item of ``response.input`` and its audio still to decode (as :meth:`_item`): a
-        message, or a reference to an item of the history."""
+    def _input_item(self, raw: dict[str, Any], param: str
+                    ) -> tuple[Item, list[str], list[image_input.EncodedImage]]:
+        """An item of ``response.input`` and its audio and images still to decode (as
+        :meth:`_item`): a message, or a reference to an item of the history."""
         if raw.get("type") != "item_reference":
             return self._item(raw, param)
         item = self.session.history.get(raw.get("id"))  # type: ignore[arg-type]
         if item is None:
             raise RealtimeError(f"no item {raw.get('id')!r}", code="item_not_found", param=f"{param}.id")
-        return item, []
+        return item, [], []
 
     async def _item_retrieve(self, message: dict[str, Any]) -> None:
         item_id = _field(message, "item_id", str)
@@ -339,11 +386,14 @@ class ClientEvents:
         items = None
         if spec.input is not None:
             given = [self._input_item(item, f"response.input[{i}]") for i, item in enumerate(spec.input)]
-            seconds = [self._seconds(audio) for _, audio in given]
+            seconds = [self._seconds(audio) for _, audio, _ in given]
+            for i, (_, _, images) in enumerate(given):
+                self._check_images(images, "response.input", sum(len(g[2]) for g in given[:i]))
             self._item_budget.take(sum(seconds), "response.input")
-            for (item, audio), item_seconds in zip(given, seconds, strict=True):
+            for (item, audio, images), item_seconds in zip(given, seconds, strict=True):
                 await self._decode_into(item, audio, item_seconds)
-            items = [item for item, _ in given]
+                await self._decode_images(item, images, "response.input")
+            items = [item for item, _, _ in given]
         session.start_response(spec=spec, input_items=items)
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:

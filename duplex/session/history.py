@@ -26,6 +26,7 @@ class Item:
     text: str | None = None
     audio: np.ndarray | None = None  # float32 mono at ``sample_rate``
     sample_rate: int | None = None
+    images: list[np.ndarray] = field(default_factory=list)  # uint8 RGB [height, width, 3] each
     # Assistant items: each transcript delta with the audio position (ms) queued when it arrived
     # (its audio starts there or later: text runs ahead of audio), and the length of the item's
     # audio once the whole answer is generated.
@@ -152,7 +153,8 @@ class History:
     def messages(self, instructions: str | None, pending: Item | None = None) -> list[dict[str, Any]]:
         """The model's input (OmniRequest.inputs["messages"]), newest audio first in the budget;
         ``pending`` is answered as if it were the newest item (a turn not yet committed). A turn
-        heard as audio whose transcript is known carries it as ``transcript``, not ``text``.
+        heard as audio whose transcript is known carries it as ``transcript``, not ``text``. A
+        message with images carries them as ``images`` (uint8 RGB arrays); they stay in context.
 
         Function calls: an assistant message that made calls has ``tool_calls`` (``[{"call_id",
         "name", "arguments"}]``) and its own words as ``words`` (None when it only called); a call
@@ -179,7 +181,9 @@ class History:
                         # The model hears the audio; its transcript rides along for models that
                         # read text only (and is the turn's text once the audio leaves the budget).
                         message["text"], message["transcript"] = None, text
-            if message["text"] is None and message["audio"] is None:
+            if item.images:
+                message["images"] = item.images
+            if message["text"] is None and message["audio"] is None and not item.images:
                 continue
             kept.append(message)
         kept = _fold_calls(kept[::-1])

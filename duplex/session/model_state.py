@@ -48,7 +48,7 @@ class KeptModelState:
         self._pipeline = pipeline
         self._enabled = enabled
         self._conversation: str | None = None
-        self._keys: list[tuple[Any, ...]] = []  # (role, text, audio identity) of the last request
+        self._keys: list[tuple[Any, ...]] = []  # (role, text, audio, images) of the last request
         self._open: Open | None = None  # the last request was partial: the turn it left open
         self._before: tuple[list[tuple[Any, ...]], Open | None] = ([], None)  # before the last request
         self._request: str | None = None  # the last request (its messages are ``_keys``)
@@ -71,8 +71,8 @@ class KeptModelState:
         if not self._enabled:
             return {}
         offered = ("tools", json.dumps(tools, sort_keys=True) if tools else None)
-        keys = [offered, *((m["role"], m["text"], None if m["audio"] is None else id(m["audio"]))
-                           for m in messages)]
+        keys = [offered, *((m["role"], m["text"], None if m["audio"] is None else id(m["audio"]),
+                            tuple(map(id, m.get("images") or ()))) for m in messages)]
         previous, held = self._keys, self._open
         self._before = (previous, held)
         self._keys, self._open = (keys[:-1], (messages[-1]["audio"], until)) if until else (keys, None)

@@ -2,15 +2,20 @@
 
 Stages (runner names; the presets ``configs/qwen3_omni*.yaml`` wire them):
 
-    preprocessing --next--> audio_encoder --next--> thinker (fan-in: merge "thinker_inputs")
-          \\______________________next______________/     |
-                                                 stream_to: decode (text terminal)
-                                                            talker --stream_to--> code2wav (audio)
+    preprocessing --next--> audio_encoder --next--> mm_aggregate (fan-in) --next--> thinker
+        |   \\--next--> image_encoder --next-------^   ^                            |
+        \\-------------------next----------------------/       stream_to: decode (text terminal)
+                                                          talker --stream_to--> code2wav (audio)
 
-- ``preprocessing`` (simple): chat template, audio checks/resampling, log-mel features.
+- ``preprocessing`` (simple): chat template, audio checks/resampling, log-mel features, image patches.
 - ``audio_encoder`` (simple): the thinker's audio tower, clips of a batch packed together.
-- ``thinker`` (ar): prefill with audio embeddings, batched decode; streams each token plus what the
-  talker needs.
+- ``image_encoder`` (simple): the thinker's vision tower, images of a batch packed together
+  (``vision.py``), with its deepstack features.
+- ``mm_aggregate`` (simple, fan-in of the three above: merge ``mm_branches``): audio and image
+  embeddings in their placeholders' order, and the prompt's 3-D rope positions when it has images
+  (``aggregate.py``). A branch that fails fails the request; the stage frees the others' parts.
+- ``thinker`` (ar): prefill with the audio and image embeddings (deepstack added at the image rows),
+  batched decode; streams each token plus what the talker needs.
 - ``decode`` (simple, terminal): stateless incremental detokenization -> ``{"text": delta,
   "text_tokens": n}`` (n: the answer tokens the delta covers).
 - ``talker`` (ar): codec frames (code predictor per frame) from the thinker's stream, exactly as
@@ -47,6 +52,18 @@ def make_audio_encoder(ctx: StageContext) -> Any:
     return AudioEncoder(ctx)
 
 
+def make_image_encoder(ctx: StageContext) -> Any:
+    from pipeline.models.qwen3_omni.vision import ImageEncoder
+
+    return ImageEncoder(ctx)
+
+
+def make_mm_aggregate(ctx: StageContext) -> Any:
+    from pipeline.models.qwen3_omni.aggregate import Aggregator
+
+    return Aggregator(ctx)
+
+
 def make_thinker(ctx: StageContext) -> Any:
     from pipeline.models.qwen3_omni.thinker import Thinker
 
@@ -79,15 +96,10 @@ def make_transcribe(ctx: StageContext) -> Any:
     return TurnTranscriber(ctx)
 
 
-def merge_thinker_inputs(parts: dict[str, StagePayload]) -> StagePayload:
-    """Fan-in for the thinker: the prompt ids from preprocessing, the audio embeddings from the
-    audio encoder (empty when the request has no audio)."""
-    prompt, audio = parts["preprocessing"], parts["audio_encoder"]
-    return StagePayload(
-        prompt.request_id,
-        {"input_ids": prompt.data["input_ids"], "audio_embeds": audio.data["audio_embeds"]},
-        prompt.params,
-    )
+def merge_mm_branches(parts: dict[str, StagePayload]) -> StagePayload:
+    from pipeline.models.qwen3_omni.aggregate import merge_branches
+
+    return merge_branches(parts)
 
 
 SPEC = register(
@@ -96,13 +108,16 @@ SPEC = register(
         factories={
             "preprocessing": make_preprocessing,
             "audio_encoder": make_audio_encoder,
+            "image_encoder": make_image_encoder,
+            "mm_aggregate": make_mm_aggregate,
             "thinker": make_thinker,
             "decode": make_decode,
             "talker": make_talker,
             "code2wav": make_code2wav,
             "transcribe": make_transcribe,
         },
-        merges={"thinker_inputs": merge_thinker_inputs},
+        merges={"mm_branches": merge_mm_branches},
         output_sample_rate=OUTPUT_SAMPLE_RATE,
+        input_modalities=("text", "audio", "image"),
     )
 )

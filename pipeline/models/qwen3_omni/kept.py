@@ -10,6 +10,9 @@ the user heard. A state ``open`` ends inside a user turn still being spoken (pie
 the user spoke: no answer, every token cached); its ``base`` is where that turn began, however many
 pieces it took, so that undoing its last request undoes the whole turn (the VAD dropped it). The
 answer to an open turn remembers it (``base_open``, ``turn_base``): undone, it is open again.
+After an image a row's rope position is not its index (``rope.py``): the state keeps the difference
+for its next row (``delta``) and where it undoes to (``base_delta``, ``turn_delta``); an answer cut
+short keeps ``delta``, since no image lies inside an answer.
 
 Ownership: the thinker runner creates it (``Thinker.keep``) and the ``ar`` scheduler's
 KeptConversations owns it between requests; the conversation's next request takes it over
@@ -36,7 +39,9 @@ class KeptThinker:
     user_embeds: torch.Tensor
     """The talker's prompt rows of every user turn so far [U, hidden] (CPU)."""
     user_mm: torch.Tensor
-    """Which of those rows are audio [U] (CPU)."""
+    """Which of those rows are audio or images [U] (CPU)."""
+    user_pos: torch.Tensor
+    """The talker's rope positions of those rows [3, U] (CPU)."""
     base: int
     """len(ids) before the last request (0: it started the conversation's state)."""
     base_users: int
@@ -49,13 +54,19 @@ class KeptThinker:
     turn_base: int = 0
     """With ``base_open``: where that open turn began (its own ``base``)."""
     turn_users: int = 0
+    delta: int = 0
+    """The rope position of the next row minus its index."""
+    base_delta: int = 0
+    """``delta`` of the state at ``base``."""
+    turn_delta: int = 0
+    """With ``base_open``: ``delta`` of the state at ``turn_base``."""
 
     @property
     def cached(self) -> int:
         return self.cache.get_seq_length()
 
     def nbytes(self) -> int:
-        tensors = [self.ids, self.user_embeds, self.user_mm]
+        tensors = [self.ids, self.user_embeds, self.user_mm, self.user_pos]
         return cache_bytes(self.cache) + sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -65,14 +76,16 @@ def cut(kept: KeptThinker, answer_tokens: int | None) -> KeptThinker | None:
     if answer_tokens is None:
         if kept.base == 0:
             return None
-        length, users = kept.base, kept.base_users
+        length, users, delta = kept.base, kept.base_users, kept.base_delta
         # Back to an open turn, the state's own undo is the whole turn; else to where it is.
-        base, base_users = (kept.turn_base, kept.turn_users) if kept.base_open else (length, users)
+        base, base_users, base_delta = (
+            (kept.turn_base, kept.turn_users, kept.turn_delta) if kept.base_open else (length, users, delta)
+        )
         answer_start, is_open, base_open = length, kept.base_open, False
     else:
         length = min(kept.ids.numel(), kept.answer_start + max(0, int(answer_tokens)))
-        users = kept.user_mm.numel()
-        base, base_users, answer_start = kept.base, kept.base_users, kept.answer_start
+        users, delta = kept.user_mm.numel(), kept.delta
+        base, base_users, base_delta, answer_start = kept.base, kept.base_users, kept.base_delta, kept.answer_start
         is_open, base_open = kept.open, kept.base_open
     crop_to(kept.cache, length)
     return KeptThinker(
@@ -80,6 +93,7 @@ def cut(kept: KeptThinker, answer_tokens: int | None) -> KeptThinker | None:
         cache=kept.cache,
         user_embeds=kept.user_embeds[:users],
         user_mm=kept.user_mm[:users],
+        user_pos=kept.user_pos[:, :users],
         base=base,
         base_users=base_users,
         answer_start=answer_start,
@@ -87,4 +101,7 @@ def cut(kept: KeptThinker, answer_tokens: int | None) -> KeptThinker | None:
         base_open=base_open,
         turn_base=kept.turn_base,
         turn_users=kept.turn_users,
+        delta=delta,
+        base_delta=base_delta,
+        turn_delta=kept.turn_delta,
     )

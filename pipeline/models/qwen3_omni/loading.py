@@ -13,7 +13,8 @@
   download; the model then speaks noise).
 
 The device comes from each stage's config. Each stage loads only its own component from the
-composite checkpoint (``thinker.*``, ``thinker.audio_tower.*``, ``talker.*``, ``code2wav.*``) with a
+composite checkpoint (``thinker.*``, ``thinker.audio_tower.*``, ``thinker.visual.*``, ``talker.*``,
+``code2wav.*``) with a
 key mapping, so a talker process never holds the 30B thinker. Loaded components are cached for
 the life of the process (a second runner over the same weights, as tests build, loads nothing).
 """
@@ -41,7 +42,11 @@ from transformers import (
     Qwen3OmniMoeTalkerForConditionalGeneration,
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeAudioEncoder,
+    Qwen3OmniMoeVisionEncoder,
+)
 from transformers.utils import CHAT_TEMPLATE_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE, cached_file
 
 from pipeline.models.qwen3_omni import tiny
@@ -142,6 +147,13 @@ def load_feature_extractor(path: str) -> Any:
     return AutoFeatureExtractor.from_pretrained(path)
 
 
+@functools.cache
+def load_image_processor(path: str) -> Qwen2VLImageProcessorPil:
+    """The checkpoint's image settings in transformers' PIL/numpy image processor (the default,
+    torchvision-backed one does not import beside this CPU torch; both compute the same patches)."""
+    return Qwen2VLImageProcessorPil.from_pretrained(path)
+
+
 def _load(cls: type, source: Source, sub_config: Any, prefix: str, device: str) -> torch.nn.Module:
     if source.random_weights:
         with torch.device(device):
@@ -166,12 +178,13 @@ def _load(cls: type, source: Source, sub_config: Any, prefix: str, device: str) 
 
 @functools.cache
 def load_thinker(source: Source, device: str) -> Qwen3OmniMoeThinkerForConditionalGeneration:
-    """The thinker's language model and head (its audio and vision towers are dropped)."""
+    """The thinker's language model and head (its audio and vision towers are dropped: each runs
+    in its own stage)."""
     config = load_config(source.path)
     thinker = _load(
         Qwen3OmniMoeThinkerForConditionalGeneration, source, config.thinker_config, r"thinker\.", device
     )
-    # The audio encoder runs in its own stage and images/video are not served: free the towers.
+    # The audio and image encoders run in their own stages: free the towers.
     thinker.model.audio_tower = None
     thinker.model.visual = None
     return thinker
@@ -186,6 +199,14 @@ def load_audio_encoder(source: Source, device: str) -> Qwen3OmniMoeAudioEncoder:
         config.thinker_config.audio_config,
         r"thinker\.audio_tower\.",
         device,
+    )
+
+
+@functools.cache
+def load_vision_encoder(source: Source, device: str) -> Qwen3OmniMoeVisionEncoder:
+    config = load_config(source.path)
+    return _load(
+        Qwen3OmniMoeVisionEncoder, source, config.thinker_config.vision_config, r"thinker\.visual\.", device
     )
 
 

@@ -2,8 +2,12 @@
 
 Request inputs follow the pipeline's one shape (``pipeline.proto.OmniRequest``): ``{"messages":
 [{"role": "system" | "user" | "assistant", "text": str | None, "audio": float32 mono samples |
-None, "sample_rate": int | None}, ...]}``, oldest first; the answer follows the last message, a
-user turn or an assistant message with text or audio. A message with both renders its audio first.
+None, "sample_rate": int | None, "images": [uint8 RGB arrays [height, width, 3]] | None}, ...]}``,
+oldest first; the answer follows the last message, a user turn or an assistant message with text
+or audio. A message renders its audio first, then its images, then its text. Images are cut into
+the vision tower's patches by the checkpoint's image processor (transformers' PIL/numpy one), which
+scales each to its pixel bounds; a request holds at most the stage's ``max_images`` (default 16)
+of at most ``max_image_pixels`` (default 4096 x 4096) each.
 Audio at any rate from 8 kHz to 192 kHz is resampled to the feature extractor's 16 kHz with PyAV; audio longer
 than the stage's ``max_audio_seconds`` (default 120) is refused.
 
@@ -34,8 +38,10 @@ tower, whose attention spans blocks of ``n_window_infer`` frames (8 s) of one cl
 whole blocks encode exactly); and Whisper's log-mel floor (the clip's maximum - 8) is taken over
 the audio heard so far.
 
-Output data: ``input_ids`` (1-D long tensor, one ``<|audio_pad|>`` per audio frame of the encoder),
-with audio ``input_features`` / ``feature_attention_mask`` (one row per clip), and when asked and
+Output data: ``input_ids`` (1-D long tensor, one ``<|audio_pad|>`` per audio frame of the encoder,
+one ``<|image_pad|>`` per vision token of each image), with audio ``input_features`` /
+``feature_attention_mask`` (one row per clip), with images ``pixel_values`` / ``image_grid_thw``
+(the patches of every image, and each image's grid), and when asked and
 the last message is a user turn heard as audio only, ``transcribe_audio`` (its 16 kHz clip). The runner is
 stateless: nothing outlives ``run``.
 """
@@ -90,6 +96,10 @@ class Preprocessor:
         self.features = loading.load_feature_extractor(source.path)
         config = loading.load_config(source.path)
         self.audio_token_id = config.thinker_config.audio_token_id
+        self.image_token_id = config.thinker_config.image_token_id
+        self.images = loading.load_image_processor(source.path)
+        self.max_images = int(ctx.stage.options.get("max_images", 16))
+        self.max_image_pixels = int(ctx.stage.options.get("max_image_pixels", 4096 * 4096))
         self.n_window = config.thinker_config.audio_config.n_window
         self.speakers = dict(config.talker_config.speaker_id or {})
         self.max_audio_s = float(ctx.stage.options.get("max_audio_seconds", 120.0))
@@ -104,6 +114,7 @@ class Preprocessor:
     def _one(self, rid: str, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         self._check_params(rid, params)
         clips: list[np.ndarray] = []
+        images: list[np.ndarray] = []
         conversation = conversation_of(params)
         try:
             plain = tools.render(inputs.get("messages") or [], params,
@@ -111,7 +122,7 @@ class Preprocessor:
             opening = tools.call_opening(params)
         except tools.ToolsError as err:
             raise RequestError(rid, str(err)) from None
-        messages = [self._message(rid, m, clips) for m in plain]
+        messages = [self._message(rid, m, clips, images) for m in plain]
         # The template's generation prompt opens a new assistant turn after whatever came last: a
         # user turn, or an assistant message (a Realtime client asking for another answer).
         if not messages or messages[-1]["role"] == "system" or not messages[-1]["content"]:
@@ -133,9 +144,14 @@ class Preprocessor:
         out: dict[str, Any] = {}
         if clips:
             features, mask = self._features(clips, spans)
-            ids = self._expand_audio(rid, ids, audio_token_counts(mask.sum(-1), self.n_window))
+            ids = self._expand(rid, ids, self.audio_token_id, audio_token_counts(mask.sum(-1), self.n_window))
             out["input_features"] = features
             out["feature_attention_mask"] = mask
+        if images:
+            pixels, grids = self._patches(rid, images)
+            merge = self.images.merge_size**2
+            ids = self._expand(rid, ids, self.image_token_id, [int(g.prod()) // merge for g in grids])
+            out["pixel_values"], out["image_grid_thw"] = pixels, grids
         out["input_ids"] = torch.tensor(ids, dtype=torch.long)
         last = inputs["messages"][-1]
         if params.get("transcribe") and last.get("role") == "user" and last.get("audio") is not None \
@@ -198,19 +214,42 @@ class Preprocessor:
             raise RequestError(rid, f"modalities {unknown} are not supported (use {list(MODALITIES)})")
         requested_voice(rid, params, self.speakers)
 
-    def _message(self, rid: str, message: Any, clips: list[np.ndarray]) -> dict[str, Any]:
+    def _message(self, rid: str, message: Any, clips: list[np.ndarray], images: list[np.ndarray]
+                 ) -> dict[str, Any]:
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise RequestError(rid, f"messages: each message needs a role in {list(ROLES)}")
         parts: list[dict[str, str]] = []
         if message.get("audio") is not None:
             clips.append(self._audio(rid, message["audio"], message.get("sample_rate")))
             parts.append({"type": "audio", "audio": "<audio>"})
+        for image in message.get("images") or []:
+            images.append(self._image(rid, image, len(images)))
+            parts.append({"type": "image", "image": "<image>"})
         if message.get("text"):
             parts.append({"type": "text", "text": str(message["text"])})
-        for key in ("image", "images", "video", "videos"):
+        for key in ("image", "video", "videos"):
             if message.get(key) is not None:
-                raise RequestError(rid, f"messages: {key} input is not supported (text and audio are)")
+                raise RequestError(rid, f"messages: {key} input is not supported (text, audio and images are)")
         return {"role": message["role"], "content": parts}
+
+    def _image(self, rid: str, image: Any, before: int) -> np.ndarray:
+        if before >= self.max_images:
+            raise RequestError(rid, f"a request holds at most {self.max_images} images")
+        array = np.asarray(image)
+        if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3 or min(array.shape[:2]) < 1:
+            raise RequestError(rid, "an image must be a uint8 RGB array [height, width, 3]")
+        if array.shape[0] * array.shape[1] > self.max_image_pixels:
+            raise RequestError(rid, f"an image is {array.shape[1]}x{array.shape[0]} pixels; the limit is "
+                               f"{self.max_image_pixels} pixels")
+        return array
+
+    def _patches(self, rid: str, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The vision tower's patches of every image and each image's (t, h, w) grid."""
+        try:
+            out = self.images(images=images, return_tensors="pt")
+        except ValueError as err:  # e.g. an aspect ratio the processor refuses
+            raise RequestError(rid, f"image: {err}") from None
+        return out["pixel_values"], out["image_grid_thw"]
 
     def _audio(self, rid: str, samples: Any, rate: Any) -> np.ndarray:
         array = np.asarray(samples)
@@ -230,14 +269,14 @@ class Preprocessor:
             raise RequestError(rid, "audio contains NaN or infinite samples")
         return resample(array, int(rate), self.features.sampling_rate)
 
-    def _expand_audio(self, rid: str, ids: list[int], counts: list[int]) -> list[int]:
-        """Replace the i-th ``<|audio_pad|>`` of the template with counts[i] pads."""
-        places = [i for i, t in enumerate(ids) if t == self.audio_token_id]
+    def _expand(self, rid: str, ids: list[int], token: int, counts: list[int]) -> list[int]:
+        """Replace the i-th ``token`` (an audio or image pad) of the template with counts[i] pads."""
+        places = [i for i, t in enumerate(ids) if t == token]
         if len(places) != len(counts):
-            raise RequestError(rid, "the chat template did not place one audio marker per clip")
+            raise RequestError(rid, "the chat template did not place one marker per clip or image")
         out: list[int] = []
         start = 0
         for place, count in zip(places, counts):
-            out += ids[start:place] + [self.audio_token_id] * int(count)
+            out += ids[start:place] + [token] * int(count)
             start = place + 1
         return out + ids[start:]

@@ -50,12 +50,33 @@ def _codes_handed_to_code2wav(model: Qwen3OmniMoeForConditionalGeneration) -> It
         del model.code2wav.chunked_decode
 
 
+@contextmanager
+def _talker_reads_audio_config(model: Qwen3OmniMoeForConditionalGeneration) -> Iterator[None]:
+    """transformers 5.24's talker computes its rope positions with the thinker's ``get_rope_index``,
+    which reads ``config.audio_config.n_window`` on its own config whenever a prompt holds images
+    and audio; ``Qwen3OmniMoeTalkerConfig`` has no ``audio_config``, so such a ``generate`` raises
+    AttributeError. The talker is lent the thinker's (the one it means: audio rows then take
+    sequential positions, as in every other path)."""
+    talker_config = model.talker.config
+    lent = not hasattr(talker_config, "audio_config")
+    if lent:
+        talker_config.audio_config = model.config.thinker_config.audio_config
+    try:
+        yield
+    finally:
+        if lent:
+            del talker_config.audio_config
+
+
 def _inputs(prepared: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     ids = prepared["input_ids"][None]
     inputs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if prepared.get("input_features") is not None:
         inputs["input_features"] = prepared["input_features"]
         inputs["feature_attention_mask"] = prepared["feature_attention_mask"]
+    if prepared.get("pixel_values") is not None:
+        inputs["pixel_values"] = prepared["pixel_values"]
+        inputs["image_grid_thw"] = prepared["image_grid_thw"]
     return inputs
 
 
@@ -97,7 +118,7 @@ def generate_capped(
 ) -> ReferenceOutput:
     """One greedy ``generate`` call with both caps known."""
     inputs = _inputs(prepared)
-    with _codes_handed_to_code2wav(model) as codes:
+    with _codes_handed_to_code2wav(model) as codes, _talker_reads_audio_config(model):
         sequences, waveform = model.generate(
             **inputs,
             thinker_max_new_tokens=thinker_cap,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3OmniMoeConfig, WhisperFeatureExtractor
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeTalkerTextSparseMoeBlock,
 )
@@ -135,6 +136,29 @@ def build_feature_extractor() -> WhisperFeatureExtractor:
     )
 
 
+def build_image_processor(max_pixels: int = 28 * 28 * 1280) -> Qwen2VLImageProcessorPil:
+    """Qwen3-Omni's image settings (16-pixel patches merged 2 x 2, two frames per temporal patch,
+    mean and std 0.5); ``max_pixels`` bounds the resized image (the tiny model's is small)."""
+    return Qwen2VLImageProcessorPil(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": 32 * 32, "longest_edge": max_pixels},
+    )
+
+
+def save_preprocessor(out_dir: Path, max_pixels: int = 28 * 28 * 1280) -> None:
+    """The feature extractor and the image processor in one ``preprocessor_config.json``, as the
+    real checkpoint keeps them (each class reads its own keys from it)."""
+    build_feature_extractor().save_pretrained(out_dir)
+    path = out_dir / "preprocessor_config.json"
+    audio = json.loads(path.read_text())
+    build_image_processor(max_pixels).save_pretrained(out_dir)
+    path.write_text(json.dumps({**audio, **json.loads(path.read_text())}, indent=2, sort_keys=True))
+
+
 def init_talker_moe(module: torch.nn.Module, std: float) -> None:
     """Initialise the talker MoE routers and experts under ``module``, which transformers leaves
     untouched.
@@ -245,6 +269,6 @@ def write_random_checkpoint(
     out_dir.mkdir(parents=True, exist_ok=True)
     Qwen3OmniMoeConfig(**(config or full_size_config_dict())).save_pretrained(out_dir)
     build_tokenizer(token_ids or REAL_TOKEN_IDS).save_pretrained(out_dir)
-    build_feature_extractor().save_pretrained(out_dir)
+    save_preprocessor(out_dir)
     (out_dir / "RANDOM_WEIGHTS.json").write_text(json.dumps({"weights": "drawn at load"}))
     return out_dir

@@ -3,8 +3,9 @@
 Fed by the thinker's chunks (see ``thinker.py``). Let X be the text the talker voices: the prompt
 rows after the ``<|im_start|>assistant\\n`` header, then the thinker's answer tokens.
 
-- Prefill (once X[0] exists): the user rows (``hidden_projection`` at audio rows,
-  ``text_projection`` elsewhere), then the assistant part: the 3 header rows, 4 x tts_pad, tts_bos
+- Prefill (once X[0] exists): the user rows (``hidden_projection`` at audio and image rows,
+  ``text_projection`` elsewhere) at the rope positions the thinker gives them (``user_pos``: after
+  an image they are not the rows' indices, see ``rope.py``), then the assistant part: the 3 header rows, 4 x tts_pad, tts_bos
   and X[0], added to the codec specials (nothink, think_bos, think_eos, speaker, pad, bos). It
   yields codebook-0 of frame 0.
 - Decode step j: the code predictor completes frame j, which is emitted (``{"codes": [groups],
@@ -80,6 +81,9 @@ class TalkerState:
     codes0: list[int] = field(default_factory=list)
     past_hidden: torch.Tensor | None = None
     position: int = 0
+    """The rope position of the next row fed."""
+    delta: int = 0
+    """``position`` minus the next row's index (non-zero after images), from the prefill on."""
     frames: int = 0
     partial: bool = False
     """A piece of a user turn (``prefill_until_s``): its user rows are cached, nothing voiced."""
@@ -187,7 +191,9 @@ class Talker:
         if st.total is not None:
             return  # the voiced text already ended (a function call began)
         if "user_embeds" in data:
-            st.prompt = {k: data[k] for k in ("user_embeds", "user_mm", "assistant_embeds", "tts_embeds")}
+            st.prompt = {
+                k: data[k] for k in ("user_embeds", "user_mm", "user_pos", "assistant_embeds", "tts_embeds")
+            }
             st.texts.extend(data["assistant_embeds"][3:])
             st.prompt_texts = len(st.texts)
         st.texts.append(data["token_embed"])
@@ -205,7 +211,7 @@ class Talker:
         if st.total is None:
             st.total = len(st.texts)
         if st.partial and "user_embeds" in payload.data:
-            st.prompt = {k: payload.data[k] for k in ("user_embeds", "user_mm")}
+            st.prompt = {k: payload.data[k] for k in ("user_embeds", "user_mm", "user_pos")}
 
     def runnable(self, slot: ARSlot) -> bool:
         st: TalkerState = slot.state
@@ -308,10 +314,16 @@ class Talker:
         codec_part = torch.cat(
             [text_part.new_zeros(3, text_part.shape[1]), self.model.get_input_embeddings()(specials)]
         )
-        out = self._forward(torch.cat([user_part, text_part + codec_part]), start, cache)
+        user_pos = prompt["user_pos"][:, start:]
+        top = int(prompt["user_pos"].max()) if prompt["user_pos"].numel() else -1
+        assistant_pos = torch.arange(top + 1, top + 1 + text_part.shape[0]).expand(3, -1)
+        out = self._forward(
+            torch.cat([user_part, text_part + codec_part]), start, cache, torch.cat([user_pos, assistant_pos], 1)
+        )
         st.prompt = None
         self.pool.add(slot.request_id, cache)
-        st.position = cache.get_seq_length()
+        st.position = top + 1 + text_part.shape[0]
+        st.delta = st.position - cache.get_seq_length()
         return ARStepResult(None, finished=self._advance([slot], out.last_hidden_state)[0])
 
     def _prefill_rows(self, slot: ARSlot) -> ARStepResult:
@@ -321,7 +333,7 @@ class Talker:
         if st.conversation is not None and st.prompt is not None:
             cache, start = self._kept_rows(st)
             if start < st.prompt["user_embeds"].shape[0]:
-                self._forward(self._user_part(st.prompt, start), start, cache)
+                self._forward(self._user_part(st.prompt, start), start, cache, st.prompt["user_pos"][:, start:])
             self.pool.add(slot.request_id, cache)
             st.prompt = None
         return ARStepResult(None, finished=True)
@@ -347,13 +359,14 @@ class Talker:
         user_part[~mm] = self.model.text_projection(user[~mm])
         return user_part
 
-    def _forward(self, embeds: torch.Tensor, start: int, cache: DynamicCache) -> Any:
-        """The talker over ``embeds`` [rows, hidden] at the positions after ``start`` cached rows."""
+    def _forward(self, embeds: torch.Tensor, start: int, cache: DynamicCache, rope: torch.Tensor) -> Any:
+        """The talker over ``embeds`` [rows, hidden] after ``start`` cached rows, at the rope
+        positions ``rope`` [3, rows]."""
         length = start + embeds.shape[0]
-        positions = torch.arange(start, length, device=self.device)
+        index = torch.arange(start, length)
         return self.model.model(
             inputs_embeds=embeds[None],
-            position_ids=positions.view(1, 1, -1).expand(4, 1, -1),
+            position_ids=torch.cat([index[None], rope]).to(self.device)[:, None],
             attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
             cache=cache,
             use_cache=True,
@@ -382,10 +395,11 @@ class Talker:
         if going:
             rows = self.pool.arrange(list(going))
             ordered = [going[rid][0] for rid in rows]
-            positions = torch.tensor([s.state.position for s in ordered], device=self.device)
+            rope = torch.tensor([s.state.position for s in ordered], device=self.device)
+            index = torch.tensor([s.state.position - s.state.delta for s in ordered], device=self.device)
             out = self.model.model(
                 inputs_embeds=torch.stack([going[rid][1] for rid in rows]),
-                position_ids=positions.view(1, -1, 1).expand(4, -1, 1),
+                position_ids=torch.cat([index[None], rope.expand(3, -1)])[..., None],
                 attention_mask=self.pool.attention_mask(),
                 cache=self.pool.batch_cache(),
                 use_cache=True,

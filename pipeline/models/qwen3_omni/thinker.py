@@ -1,10 +1,15 @@
-"""Thinker stage: prefill with the audio embeddings, then decode text, batched across requests.
+"""Thinker stage: prefill with the audio and image embeddings, then decode text, batched across
+requests.
 
-Each new request is prefilled on its own (so its prompt logits are computed exactly as the
-reference computes them); requests already prefilled decode together, one token per step, their KV
-caches left-padded into one batch (``KVPool``). Every row carries explicit position ids (the text
-row plus the three mrope rows; audio and text prompts get sequential positions), never the
-module-level ``rope_deltas`` that ``generate`` keeps and that all requests would share.
+Its input is ``mm_aggregate``'s (``aggregate.py``): the prompt ids, the embeddings of its audio and
+image placeholders in their order (``mm_embeds``), and with images the deepstack features (added
+to the hidden states of the first layers at the image rows, as the reference adds them) and the
+prompt's 3-D rope positions. Each new request is prefilled on its own (so its prompt logits are
+computed exactly as the reference computes them); requests already prefilled decode together, one
+token per step, their KV caches left-padded into one batch (``KVPool``). Every row carries
+explicit position ids (the text row, its index, plus the three mrope rows: see ``rope.py``; audio
+and text prompts get sequential positions), never the module-level ``rope_deltas`` that
+``generate`` keeps and that all requests would share.
 
 Each step streams one chunk per request (to ``decode`` and ``talker``):
 
@@ -18,8 +23,9 @@ Each step streams one chunk per request (to ``decode`` and ``talker``):
   (the talker voices the tokens before it, and nothing from there on). The answer ends at the
   first call's ``</tool_call>``, as at EOS; the final data adds the last ``parsed``.
 - first chunk only, what the talker's prefill needs from the prompt: ``user_embeds`` [U, hidden]
-  (for the rows of user turns: the hidden state of layer ``accept_hidden_layer`` at audio rows, the
-  input embedding elsewhere), ``user_mm`` [U] (which rows are audio), ``assistant_embeds`` (the
+  (for the rows of user turns: the hidden state of layer ``accept_hidden_layer`` at audio and image
+  rows, the input embedding elsewhere), ``user_mm`` [U] (which rows are audio or images),
+  ``user_pos`` [3, U] (the talker's rope positions of those rows), ``assistant_embeds`` (the
   embeddings from the last ``<|im_start|>assistant`` to the end of the prompt) and ``tts_embeds``
   (embeddings of tts_bos, tts_eos, tts_pad).
 
@@ -54,6 +60,7 @@ from pipeline.models.qwen3_omni.call_parser import CallParser, Parsed
 from pipeline.models.qwen3_omni.detokenize import DETOK_CONTEXT, TokenText
 from pipeline.models.qwen3_omni.kept import KeptThinker, cut
 from pipeline.models.qwen3_omni.kv_pool import KVPool
+from pipeline.models.qwen3_omni.rope import user_positions
 from pipeline.models.qwen3_omni.sampling import Sampling, SamplingParams, pick_rows
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
@@ -64,10 +71,19 @@ from pipeline.scheduling.conversation_book import partial_until
 class ThinkerState:
     input_ids: torch.Tensor
     """What the prefill feeds: the whole prompt, or (continuing ``past``) what is new."""
-    audio_embeds: torch.Tensor | None
+    mm_embeds: torch.Tensor | None
+    """The embeddings of this request's audio and image placeholders, in order, until its prefill."""
+    deepstack: torch.Tensor | None
+    """[layers, image placeholders, hidden] with images, until the prefill."""
+    positions: torch.Tensor | None
+    """The 3-D rope positions [3, n] of this request's own prompt (relative) with images, until
+    the prefill."""
     sampling: Sampling
     tokens: list[int] = field(default_factory=list)
     position: int = 0
+    """The rope position of the next row fed."""
+    delta: int = 0
+    """``position`` minus the next row's index (non-zero after images), from the prefill on."""
     prefilled: bool = False
     past: KeptThinker | None = None
     """The conversation state this request continues, until its prefill takes the cache over."""
@@ -77,11 +93,14 @@ class ThinkerState:
     """Every prompt token (the conversation's and this request's), from the prefill on (CPU)."""
     user_embeds: torch.Tensor | None = None
     user_mm: torch.Tensor | None = None
+    user_pos: torch.Tensor | None = None
     base: int = 0
     base_users: int = 0
+    base_delta: int = 0
     base_open: bool = False
     turn_base: int = 0
     turn_users: int = 0
+    turn_delta: int = 0
     partial: bool = False
     """A piece of the user's turn, prefilled while they speak: no answer."""
     calls: CallParser | None = None
@@ -120,8 +139,9 @@ class Thinker:
         self.eos = config.im_end_token_id
         self.im_end = config.im_end_token_id
         """What closes a message in the chat template (``eos`` is the token that stops decoding)."""
-        self.audio_token = thinker_cfg.audio_token_id
+        self.image_token = thinker_cfg.image_token_id
         self.mm_tokens = [thinker_cfg.audio_token_id, thinker_cfg.image_token_id, thinker_cfg.video_token_id]
+        self.placeholders = torch.tensor([thinker_cfg.audio_token_id, thinker_cfg.image_token_id])
         self.im_start = config.im_start_token_id
         self.user_token = config.user_token_id
         self.assistant_token = config.assistant_token_id
@@ -143,11 +163,11 @@ class Thinker:
     def _state(self, payload: StagePayload, past: KeptThinker | None) -> ThinkerState:
         rid, data = payload.request_id, payload.data
         ids = data["input_ids"]
-        audio = data.get("audio_embeds")
-        n_audio = int((ids == self.audio_token).sum())
-        got = 0 if audio is None else audio.shape[0]
-        if n_audio != got:
-            raise RequestError(rid, f"prompt has {n_audio} audio tokens but {got} audio embeddings")
+        mm = data.get("mm_embeds")
+        n_mm = int(torch.isin(ids, self.placeholders).sum())
+        got = 0 if mm is None else mm.shape[0]
+        if n_mm != got:
+            raise RequestError(rid, f"prompt has {n_mm} audio and image placeholders but {got} embeddings")
         partial = bool(partial_until(payload.params))
         if not partial and self._assistant_start(ids) is None:
             raise RequestError(rid, "prompt does not end with an assistant turn header")
@@ -169,7 +189,9 @@ class Thinker:
             raise RequestError(rid, f"prompt of {total} tokens exceeds {self.max_positions}")
         return ThinkerState(
             input_ids=torch.cat([before, ids]) if past is not None else ids,
-            audio_embeds=audio if got else None,
+            mm_embeds=mm if got else None,
+            deepstack=data.get("deepstack"),
+            positions=data.get("positions"),
             sampling=sampling,
             past=past,
             new_from=before.numel(),
@@ -197,6 +219,7 @@ class Thinker:
             cache=cache,
             user_embeds=st.user_embeds,
             user_mm=st.user_mm,
+            user_pos=st.user_pos,
             base=st.base,
             base_users=st.base_users,
             answer_start=st.prompt_ids.numel(),
@@ -204,6 +227,9 @@ class Thinker:
             base_open=st.base_open,
             turn_base=st.turn_base,
             turn_users=st.turn_users,
+            delta=st.delta,
+            base_delta=st.base_delta,
+            turn_delta=st.turn_delta,
         )
 
     def truncate(self, kept: KeptThinker | None, answer_tokens: int | None) -> KeptThinker | None:
@@ -258,7 +284,7 @@ class Thinker:
             last = st.calls.feed(self.token_text.flush(context)).then(st.calls.close())
             data["parsed"] = last.as_data()
         if st.partial and st.user_embeds is not None:  # the talker caches the user rows so far
-            data["user_embeds"], data["user_mm"] = st.user_embeds, st.user_mm
+            data["user_embeds"], data["user_mm"], data["user_pos"] = st.user_embeds, st.user_mm, st.user_pos
         return data
 
     def release(self, slot: ARSlot) -> None:
@@ -275,53 +301,79 @@ class Thinker:
         start = 0 if past is None else past.cached
         ids = st.input_ids.to(self.device)[None]
         embeds = self.embed(ids)
-        if st.audio_embeds is not None:
-            mask = ids == self.audio_token
-            mask[:, : st.new_from] = False  # audio is only in this request's own prompt
-            mask = mask[..., None].expand_as(embeds)
-            embeds = embeds.masked_scatter(mask, st.audio_embeds.to(embeds.device, embeds.dtype))
+        own = torch.zeros_like(ids, dtype=torch.bool)
+        own[:, st.new_from:] = True  # audio and images are only in this request's own prompt
+        if st.mm_embeds is not None:
+            mask = (torch.isin(ids, self.placeholders.to(ids.device)) & own)[..., None].expand_as(embeds)
+            embeds = embeds.masked_scatter(mask, st.mm_embeds.to(embeds.device, embeds.dtype))
         end = start + ids.shape[1]
-        positions = torch.arange(start, end, device=self.device).view(1, 1, -1).expand(4, 1, -1)
+        rope = self._rope(st, start, 0 if past is None else past.delta)
+        deep: dict[str, Any] = {}
+        if st.deepstack is not None and st.deepstack.shape[1]:
+            deep["visual_pos_masks"] = (ids == self.image_token) & own
+            deep["deepstack_visual_embeds"] = list(st.deepstack.to(embeds.device, embeds.dtype))
         cache = DynamicCache(config=self.text_config) if past is None else past.cache
         out = self.model.model.language_model(
             inputs_embeds=embeds,
-            position_ids=positions,
+            position_ids=torch.cat([torch.arange(start, end, device=self.device)[None], rope])[:, None],
             attention_mask=torch.ones(1, end, dtype=torch.long, device=self.device),
             cache=cache,
             use_cache=True,
             output_hidden_states=[self.accept_layer],
+            **deep,
         )
         self.pool.add(slot.request_id, cache)
-        st.prefilled, st.position, st.audio_embeds = True, end, None
+        st.prefilled, st.mm_embeds, st.deepstack, st.positions = True, None, None, None
+        st.position = int(rope.max()) + 1
+        st.delta = st.position - end
         st.prompt_ids = st.input_ids if past is None else torch.cat([past.ids[:start], st.input_ids])
         if past is not None and st.partial and past.open:
             st.base, st.base_users = past.base, past.base_users  # the same turn: undone as one
+            st.base_delta = past.base_delta
         elif past is not None:
-            st.base, st.base_users = past.ids.numel(), past.user_mm.numel()
+            st.base, st.base_users, st.base_delta = past.ids.numel(), past.user_mm.numel(), past.delta
             st.base_open, st.turn_base, st.turn_users = past.open, past.base, past.base_users
+            st.turn_delta = past.base_delta
         prompt = self._talker_prompt(
             st.prompt_ids.to(self.device), start, embeds[0], out.hidden_states[self.accept_layer][0],
             with_answer=not st.partial,
         )
+        user = prompt.pop("user")
         st.user_embeds, st.user_mm = prompt["user_embeds"], prompt["user_mm"]
+        top = -1 if past is None or not past.user_pos.numel() else int(past.user_pos.max())
+        st.user_pos = user_positions(rope.cpu(), user.cpu(), top)
         if past is not None:
-            prompt["user_embeds"] = st.user_embeds = torch.cat([past.user_embeds, st.user_embeds])
-            prompt["user_mm"] = st.user_mm = torch.cat([past.user_mm, st.user_mm])
+            st.user_embeds = torch.cat([past.user_embeds, st.user_embeds])
+            st.user_mm = torch.cat([past.user_mm, st.user_mm])
+            st.user_pos = torch.cat([past.user_pos, st.user_pos], dim=1)
+        prompt["user_embeds"], prompt["user_mm"], prompt["user_pos"] = st.user_embeds, st.user_mm, st.user_pos
         if st.partial:
             return ARStepResult(data=None, finished=True)
         logits = self.model.lm_head(out.last_hidden_state[:, -1])
         token = pick_rows(logits, [st.sampling], [[]])[0]
         return self._emit(slot, token, self._embed_cpu([token])[0], prompt)
 
+    def _rope(self, st: ThinkerState, start: int, delta: int) -> torch.Tensor:
+        """The mrope positions [3, n] of the rows ``st.input_ids`` fed after ``start`` cached rows,
+        whose next position is ``start + delta``: each row's index plus ``delta``, except the own
+        prompt's rows when it has images (their positions from ``mm_aggregate``, moved to start
+        where that prompt starts)."""
+        n = st.input_ids.numel()
+        rope = torch.arange(start + delta, start + delta + n, device=self.device).expand(3, -1).clone()
+        if st.positions is not None:
+            rope[:, st.new_from:] = st.positions.to(self.device) + start + delta + st.new_from
+        return rope
+
     def _decode(self, slots: list[ARSlot]) -> dict[str, ARStepResult]:
         by_id = {s.request_id: s for s in slots}
         rows = [by_id[rid] for rid in self.pool.arrange(list(by_id))]
         states: list[ThinkerState] = [s.state for s in rows]
         last = torch.tensor([[st.tokens[-1]] for st in states], device=self.device)
-        positions = torch.tensor([st.position for st in states], device=self.device)
+        rope = torch.tensor([st.position for st in states], device=self.device)
+        index = torch.tensor([st.position - st.delta for st in states], device=self.device)
         out = self.model.model.language_model(
             inputs_embeds=self.embed(last),
-            position_ids=positions.view(1, -1, 1).expand(4, -1, 1),
+            position_ids=torch.cat([index[None], rope.expand(3, -1)])[..., None],
             attention_mask=self.pool.attention_mask(),
             cache=self.pool.batch_cache(),
             use_cache=True,
@@ -371,7 +423,7 @@ class Thinker:
     ) -> dict[str, torch.Tensor]:
         """What the talker's prefill takes from the rows ``ids[start:]`` just prefilled (``embeds``,
         ``hidden``), selected as the reference selects it from the whole prompt ``ids``; the rows
-        of user turns only where no answer follows (a piece of a turn)."""
+        of user turns only where no answer follows (a piece of a turn). ``user`` marks those rows."""
         n = ids.shape[0]
         positions = torch.arange(n, device=ids.device)
         im_start = torch.where(ids == self.im_start, positions, positions.new_full((), -1))
@@ -381,10 +433,11 @@ class Thinker:
         mm = torch.isin(ids[start:], torch.tensor(self.mm_tokens, device=ids.device))
         user_embeds = torch.where(mm[:, None], hidden, embeds)[user]
         if not with_answer:
-            return {"user_embeds": user_embeds.cpu(), "user_mm": mm[user].cpu()}
+            return {"user_embeds": user_embeds.cpu(), "user_mm": mm[user].cpu(), "user": user}
         header = self._assistant_start(ids) - start
         tts = self.embed(torch.tensor(self.tts_tokens, device=ids.device))
         return {
+            "user": user,
             "user_embeds": user_embeds.cpu(),
             "user_mm": mm[user].cpu(),
             "assistant_embeds": embeds[header:].cpu(),

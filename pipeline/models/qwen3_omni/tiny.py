@@ -3,7 +3,8 @@
 It is the real architecture (``Qwen3OmniMoeForConditionalGeneration``: audio tower, MoE thinker,
 MoE talker with its code predictor, code2wav) at toy sizes, saved with ``save_pretrained`` next to
 a small byte-level tokenizer that carries Qwen3-Omni's special tokens and a chat template of the same
-shape, and a ``WhisperFeatureExtractor`` with the real model's settings. The loader
+shape, and a ``WhisperFeatureExtractor`` and an image processor with the real model's settings
+(images scaled to at most ``TINY_MAX_PIXELS``). The loader
 (``pipeline.models.qwen3_omni.loading``) then reads it with ``from_pretrained`` exactly as it reads
 the real checkpoint from the hub.
 
@@ -34,15 +35,18 @@ from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneratio
 from pipeline.models.qwen3_omni.synthetic import (
     ROLE_TOKENS,
     SPECIAL_TOKENS,
-    build_feature_extractor,
     build_tokenizer,
     init_talker_moe,
+    save_preprocessor,
 )
 
 logger = logging.getLogger(__name__)
 
-BUILD_VERSION = 3
+BUILD_VERSION = 4
 """Bump when the builder changes what it writes (the cache key includes it)."""
+
+TINY_MAX_PIXELS = 128 * 128
+"""The tiny model's image processor scales images down to this (64 patches, 16 vision tokens)."""
 
 TARGET_RMS = 0.2
 """code2wav output level the builder scales to (speech-level, well below clipping)."""
@@ -226,7 +230,7 @@ def build(out_dir: Path, seed: int) -> None:
     gain = _scale_code2wav(model, seed)
     model.save_pretrained(out_dir)
     build_tokenizer(TOKEN_IDS).save_pretrained(out_dir)
-    build_feature_extractor().save_pretrained(out_dir)
+    save_preprocessor(out_dir, TINY_MAX_PIXELS)
     (out_dir / "TINY_RANDOM_WEIGHTS.json").write_text(
         json.dumps({"seed": seed, "build_version": BUILD_VERSION, "code2wav_gain": gain})
     )
