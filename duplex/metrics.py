@@ -90,3 +90,5 @@ VIDEO_FRAMES_TOTAL = Counter(
     "previous one still converting), too_large, failed",
     ["outcome"],
 )
+for _outcome in ("kept", "unchanged", "skipped", "busy", "too_large", "failed"):
+    VIDEO_FRAMES_TOTAL.labels(_outcome)

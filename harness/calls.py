@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import numpy as np
 from aiortc import RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
 
 from harness.mic import ScriptedMic
 from harness.peers import ClientPeer
@@ -56,9 +57,11 @@ def _get(event: dict[str, Any], dotted: str) -> Any:
     return value
 
 
-async def open_call(server: ServerProcess) -> Call:
+async def open_call(server: ServerProcess, video: MediaStreamTrack | None = None) -> Call:
+    """A WebRTC call to ``server`` (with ``video`` as its camera, where given), its events
+    channel open and ``session.created`` in."""
     mic = ScriptedMic()
-    peer = ClientPeer(mic)
+    peer = ClientPeer(mic, video=video)
     offer = await peer.offer()
     async with httpx.AsyncClient() as http:
         answer = await http.post(f"{server.url}/v1/realtime/calls", content=offer,

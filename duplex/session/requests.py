@@ -75,9 +75,12 @@ class RequestBuilder:
                                                              until))
         return OmniRequest(request_id, {"messages": messages}, params, owner=self._owner)
 
-    def speculative(self, config: SessionConfig, turn_audio: np.ndarray) -> OmniRequest:
-        """The answer to the turn so far, begun at a pause (:mod:`duplex.session.speculation`)."""
-        pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE)
+    def speculative(self, config: SessionConfig, turn_audio: np.ndarray,
+                    pictures: list[np.ndarray] | None = None) -> OmniRequest:
+        """The answer to the turn so far (what was said, and ``pictures``, what the caller's camera
+        showed), begun at a pause (:mod:`duplex.session.speculation`)."""
+        pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE,
+                       images=pictures or [])
         request = self.request(config, ResponseSpec.of_session(config), None, pending)
         # The turn may go on: a pipeline that judges words says whether these read as finished.
         request.params["end_of_turn"] = True

@@ -40,6 +40,7 @@ import numpy as np
 from duplex.media.front_end import AudioFrontEnd
 from duplex.media.playout import AgentAudio
 from duplex.media.recording import CallRecording
+from duplex.media.video_window import VideoWindow
 from duplex.protocol.events import RealtimeError, event, new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.protocol.session_update import session_object
@@ -121,10 +122,15 @@ class Session:
         self.idle = Idle(self, defaults)  # idle timeout, check-ins, longest call
         self.call_wait = CallWait(self, defaults)  # the filler while a client's function runs
         self.recording: CallRecording | None = None  # the binding's, with --record-dir
+        # A WebRTC call's camera, on presets whose model sees (the call's): each user turn shows
+        # the model the pictures seen since it began (``_turn_began_at``, monotonic).
+        self.video: VideoWindow | None = None
+        self._turn_began_at = time.monotonic()
         audio.listener = self
         # Echo cancellation and noise suppression of the caller's audio; it taps ``audio`` for
         # what the caller heard (duplex/media/front_end.py).
-        self.front_end = AudioFrontEnd(audio, {"session_id": session_id})
+        self.front_end = AudioFrontEnd(audio, {"session_id": session_id},
+                                       record_dir=defaults.front_end_record_dir)
 
     @property
     def _max_turn_ms(self) -> int:
@@ -252,7 +258,8 @@ class Session:
                 assert stop is not None
                 self.turn_ended(stop)
             self._speculator.step(self._detector, self._may_speculate(),
-                                  lambda audio: self._requests.speculative(self.config, audio))
+                                  lambda audio: self._requests.speculative(self.config, audio,
+                                                                           self._turn_pictures()))
             self._prefill.step(self._detector, self._quiet() and not self._speculator.active,
                                lambda audio, until: self._requests.partial(self.config, audio, until))
             self._live.step(self._detector, self._live_item(),
@@ -299,6 +306,7 @@ class Session:
         """The user's speech began at ``onset_ms`` (audio time): a new user item, announced."""
         self._user_item_id = new_id("item")
         self.state = State.USER_SPEAKING
+        self._turn_began_at = self._arrivals.of(onset_ms, time.monotonic())
         self.send(event("input_audio_buffer.speech_started", audio_start_ms=onset_ms,
                         item_id=self._user_item_id))
 
@@ -314,8 +322,11 @@ class Session:
         td = self.config.turn_detection
         answers = td is not None and td.create_response
         speculation = self._speculator.take() if answers and self._response is None else None
-        # An adopted answer's turn is the audio its model heard (up to the pause it began in).
-        self.commit_user_audio(item_id, stop.audio if speculation is None else speculation.audio)
+        # An adopted answer's turn is what its model heard and saw (up to the pause it began in).
+        if speculation is None:
+            self.commit_user_audio(item_id, stop.audio, self._turn_pictures())
+        else:
+            self.commit_user_audio(item_id, speculation.audio, speculation.pictures)
         if not answers:
             return
         if self._response is None:
@@ -334,7 +345,8 @@ class Session:
     # --- user items -----------------------------------------------------------------------
 
     def commit_manual_buffer(self) -> None:
-        self.commit_user_audio(new_id("item"), self._input.take())
+        self.commit_user_audio(new_id("item"), self._input.take(), self._turn_pictures())
+        self._turn_began_at = time.monotonic()  # the next manual turn shows what is seen from now
 
     def commit_input(self) -> None:
         """``input_audio_buffer.commit``: the manual buffer, or, under turn detection, the turn the
@@ -353,9 +365,14 @@ class Session:
         self._input.clear()
         self._detector.discard_turn()
 
-    def commit_user_audio(self, item_id: str, audio: np.ndarray) -> None:
-        self.conversation.commit_user_audio(Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE))
+    def commit_user_audio(self, item_id: str, audio: np.ndarray, pictures: list[np.ndarray] | None = None) -> None:
+        self.conversation.commit_user_audio(Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE,
+                                                 images=pictures or []))
         self.state = State.THINKING
+
+    def _turn_pictures(self) -> list[np.ndarray]:
+        """What the caller's camera showed during the turn in progress (none without one)."""
+        return [] if self.video is None else self.video.seen_since(self._turn_began_at)
 
     async def truncate_heard(self, item: Item, audio_end_ms: int) -> None:
         """``conversation.item.truncate``: the client, which plays the audio itself, says the user

@@ -59,6 +59,8 @@ class Speculation:
                  on_transcript: Heard, log_extra: dict[str, str]) -> None:
         self.request = request
         self.audio = audio  # the turn's audio so far, as the request's last message holds it
+        # and the pictures of the caller's camera it holds (none without one)
+        self.pictures: list[np.ndarray] = list(request.inputs["messages"][-1].get("images") or [])
         self.pause = pause  # the sample position where the pause that began it started
         self._pipeline = pipeline
         self._on_transcript = on_transcript

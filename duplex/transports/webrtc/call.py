@@ -38,6 +38,7 @@ class WebRTCCall:
         self.peer = CallPeer(self.id, policy, self, video)
         self.session = Session(self.id, self, PacedPlayout(self.peer.outbound), pipeline,
                                settings.session, settings.voices, model_name)
+        self.session.video = video
         self.binding = SessionBinding(self.session, registry, self._close_peer,
                                       settings.session.inbound_media_timeout_s,
                                       record_dir=settings.record_dir)
