@@ -19,7 +19,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from duplex.protocol.images import MAX_CONVERSATION_IMAGES, MAX_IMAGES_PER_ITEM
-from harness.server import ServerProcess, run_server, write_preset
+from harness.server import ServerProcess, every_stage, run_server, write_preset
 from tests.api.helpers import API_KEY, realtime
 from tests.api.test_images_decode import bomb_png, data_url, encoded, gradient
 
@@ -31,10 +31,7 @@ VISION_TOKENS = 6 + 2  # 64 x 96 pixels: a 4 x 6 patch grid merged 2 x 2, and vi
 def seeing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("images")
     # One stage process: half the startup on a 2-core machine. Short answers: only the prompt counts.
-    stages: dict[str, dict[str, Any]] = {
-        name: {"process": "stages"} for name in ("preprocessing", "audio_encoder", "image_encoder",
-                                                 "mm_aggregate", "thinker", "decode", "transcribe",
-                                                 "talker", "code2wav")}
+    stages = every_stage("qwen3_omni_tiny", process="stages")
     stages["thinker"]["max_new_tokens"] = 2
     preset = write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny", api_key=API_KEY, stages=stages)
     with run_server(preset, tmp=tmp) as running:

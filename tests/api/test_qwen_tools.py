@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.server import ServerProcess, run_server, write_preset
+from harness.server import ServerProcess, every_stage, run_server, write_preset
 from tests.api.helpers import API_KEY, realtime, user_text
 
 MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
@@ -20,10 +20,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("qwen_tools")
     # One stage process instead of the preset's two: half the startup on a 2-core machine.
-    one = {"process": "stages"}
-    preset = write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny", api_key=API_KEY, stages={
-        name: one for name in ("preprocessing", "audio_encoder", "thinker", "decode", "transcribe",
-                               "talker", "code2wav")})
+    preset = write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny", api_key=API_KEY,
+                          stages=every_stage("qwen3_omni_tiny", process="stages"))
     with run_server(preset, tmp=tmp) as running:
         yield running
 

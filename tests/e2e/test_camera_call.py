@@ -11,13 +11,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.calls import INTERRUPTION, QUESTION, audible_seconds, hang_up, open_call, wait_stages_busy, wait_stages_idle
-from harness.server import ServerProcess, run_server, write_preset
+from harness.calls import (
+    INTERRUPTION,
+    QUESTION,
+    audible_seconds,
+    hang_up,
+    open_call,
+    wait_stages_busy,
+    wait_stages_idle,
+)
+from harness.server import ServerProcess, every_stage, run_server, write_preset
 from harness.speech import speech
 from harness.video import TestPattern
 
-STAGES = ["preprocessing", "audio_encoder", "image_encoder", "mm_aggregate", "thinker", "decode",
-          "talker", "code2wav", "transcribe"]
+STAGES = list(every_stage("qwen3_omni_tiny"))
 
 
 @pytest.fixture(scope="module")

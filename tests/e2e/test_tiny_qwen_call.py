@@ -21,11 +21,11 @@ from harness.calls import (
     wait_stages_busy,
     wait_stages_idle,
 )
-from harness.server import ServerProcess, run_server, write_preset
+from harness.server import ServerProcess, every_stage, run_server, write_preset
 from harness.speech import speech
 from harness.wer import wer
 
-STAGES = ["preprocessing", "audio_encoder", "thinker", "decode", "talker", "code2wav", "transcribe"]
+STAGES = list(every_stage("qwen3_omni_tiny"))
 
 
 @pytest.fixture(scope="module")
