@@ -20,18 +20,16 @@ from harness.calls import (
     wait_stages_busy,
     wait_stages_idle,
 )
-from harness.server import ServerProcess, every_stage, run_server, write_preset
+from harness.server import ServerProcess, run_server, write_preset
 from harness.speech import speech
 from harness.video import TestPattern
-
-STAGES = list(every_stage("qwen3_omni_tiny"))
+from tests.e2e.test_tiny_qwen_call import LONG_ANSWERS, STAGES
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("camera")
-    preset = write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny",
-                          stages={"thinker": {"max_new_tokens": 2000}, "talker": {"max_new_tokens": 1000}},
+    preset = write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny", stages=LONG_ANSWERS,
                           session={"video": {"fps": 2, "max_side": 128, "frames_per_turn": 2}})
     with run_server(preset, tmp=tmp) as running:
         yield running

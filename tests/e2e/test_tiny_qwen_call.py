@@ -26,6 +26,9 @@ from harness.speech import speech
 from harness.wer import wer
 
 STAGES = list(every_stage("qwen3_omni_tiny"))
+# Random weights rarely stop by themselves: these caps end long answers (each turn asks for its
+# own length with max_output_tokens).
+LONG_ANSWERS = {"thinker": {"max_new_tokens": 2000}, "talker": {"max_new_tokens": 1000}}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # Long answers (random weights rarely stop by themselves; the caps end them): an interruption
     # then lands while the thinker, talker and code2wav are all still at work. Each turn asks for
     # its own length with max_output_tokens.
-    preset = write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny", stages={
-        "thinker": {"max_new_tokens": 2000}, "talker": {"max_new_tokens": 1000}})
+    preset = write_preset(tmp / "preset.yaml", base="qwen3_omni_tiny", stages=LONG_ANSWERS)
     with run_server(preset, tmp=tmp) as running:
         yield running
 

@@ -1,18 +1,29 @@
-"""Fixtures of the operators' tests (idle and length limits, recordings)."""
+"""Fixtures of the operators' tests (idle and length limits, recordings, call control)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 import yaml
 
-from harness.server import ROOT
+from duplex.app_state import AppState
+from duplex.serve import create_app
+from duplex.settings import load_preset
+from duplex.transports.webrtc.ice import IcePolicy
+from harness.server import ROOT, free_port
 from pipeline.config import parse_pipeline_config
 from pipeline.coordinator import Coordinator
 from pipeline.proto import OmniRequest, OutputChunk
 from pipeline.runner import start_pipeline
+from tests.telephony.peers import wait_until
 
 ANSWER_TOKENS = 12  # the toy's words an answer: 12 x 3 frames of 80 ms = 2.88 s of audio
 
@@ -63,3 +74,34 @@ async def make_pipeline() -> AsyncIterator[Callable[[int], Any]]:
     yield make
     for coordinator in started:
         await coordinator.close()
+
+
+@dataclass
+class Served:
+    """A duplex server running in the test's process: its app and state, its pipeline spied on,
+    and an HTTP client for it."""
+
+    app: Any
+    state: AppState
+    pipeline: SpyPipeline
+    http: httpx.AsyncClient
+
+
+@asynccontextmanager
+async def served(preset: Path, timeout: float) -> AsyncIterator[Served]:
+    """The server of the ``preset`` file on a free loopback port, with its lifespan (the pipeline,
+    the SIP server), once its pipeline serves; stopped when the block ends."""
+    port = free_port()
+    app = create_app(load_preset(["--config", str(preset), "--port", str(port)], environ={}),
+                     IcePolicy(hosts=("127.0.0.1",)))
+    state: AppState = app.state.duplex
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    serving = asyncio.create_task(server.serve())
+    try:
+        await wait_until(lambda: server.started and state.serving_pipeline() is not None, 60)
+        state.pipeline = spy = SpyPipeline(state.pipeline)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=timeout) as http:
+            yield Served(app, state, spy, http)
+    finally:
+        server.should_exit = True
+        await serving

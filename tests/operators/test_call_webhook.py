@@ -23,18 +23,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from aiohttp import web
 
 from duplex.app_state import AppState
 from duplex.media.pcm import ulaw_decode
 from duplex.media.recording import file_stem
-from duplex.serve import create_app
-from duplex.settings import load_preset
 from duplex.transports.sip.rtp import RtpPacket
-from duplex.transports.webrtc.ice import IcePolicy
 from harness.server import free_port, write_preset
-from tests.operators.conftest import SpyPipeline, toy_pipeline
+from tests.operators.conftest import SpyPipeline, served, toy_pipeline
 from tests.telephony.peers import SCENARIOS, UdpPeer, rms, sipp, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -126,7 +122,7 @@ async def service(speech_dir: Path) -> AsyncIterator[Service]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     hook_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    sip_port, http_port = free_port(), free_port()
+    sip_port = free_port()
     recordings = tmp / "calls"
     recordings.mkdir()
     preset = write_preset(
@@ -134,17 +130,9 @@ async def service(speech_dir: Path) -> AsyncIterator[Service]:
         voices=["default", "bright"], max_sessions=1, sip_port=sip_port, rtp_ports="43300-43399",
         call_webhook=f"http://127.0.0.1:{hook_port}/calls", call_webhook_secret=SECRET,
         call_decision_timeout_s=DECISION_S, record_dir=str(recordings))
-    app = create_app(load_preset(["--config", str(preset), "--port", str(http_port)], environ={}),
-                     IcePolicy(hosts=("127.0.0.1",)))
-    state: AppState = app.state.duplex
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=http_port, log_config=None))
-    serving = asyncio.create_task(server.serve())
-    await wait_until(lambda: server.started and state.serving_pipeline() is not None, 60)
-    state.pipeline = spy = SpyPipeline(state.pipeline)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=TIMEOUT) as http:
-        yield Service(http, sip_port, state, app, spy, receiver, tmp, recordings)
-    server.should_exit = True
-    await serving
+    async with served(preset, TIMEOUT) as server:
+        yield Service(server.http, sip_port, server.state, server.app, server.pipeline, receiver, tmp,
+                      recordings)
     await runner.cleanup()
 
 

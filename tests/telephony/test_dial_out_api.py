@@ -17,17 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from duplex.app_state import AppState
 from duplex.media.pcm import ulaw_decode
-from duplex.serve import create_app
-from duplex.settings import load_preset
 from duplex.transports.sip.agent import SipAgent
 from duplex.transports.sip.rtp import RtpPacket
-from duplex.transports.webrtc.ice import IcePolicy
 from harness.server import free_port, write_preset
-from tests.operators.conftest import SpyPipeline, toy_pipeline
+from tests.operators.conftest import SpyPipeline, served, toy_pipeline
 
 from .peers import UdpPeer, port_is_free, rms, wait_until
 from .test_dial_out import callee
@@ -78,22 +74,12 @@ class Service:
 @pytest.fixture(scope="module")
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
     tmp = tmp_path_factory.mktemp("dial-out")
-    sip_port, http_port = free_port(), free_port()
     preset = write_preset(
         tmp / "preset.yaml", pipeline=toy_pipeline(6), pipeline_mode="inproc",
-        voices=["default", "bright"], max_sessions=1, sip_port=sip_port,
+        voices=["default", "bright"], max_sessions=1, sip_port=free_port(),
         rtp_ports=f"{RTP_PORTS[0]}-{RTP_PORTS[1]}", sip_allow=["127.0.0.1/32"])
-    app = create_app(load_preset(["--config", str(preset), "--port", str(http_port)], environ={}),
-                     IcePolicy(hosts=("127.0.0.1",)))
-    state: AppState = app.state.duplex
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=http_port, log_config=None))
-    serving = asyncio.create_task(server.serve())
-    await wait_until(lambda: server.started and state.serving_pipeline() is not None, 60)
-    state.pipeline = spy = SpyPipeline(state.pipeline)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=TIMEOUT) as http:
-        yield Service(http, state, app.state.sip_agent, spy)
-    server.should_exit = True
-    await serving
+    async with served(preset, TIMEOUT) as server:
+        yield Service(server.http, server.state, server.app.state.sip_agent, server.pipeline)
 
 
 def voiced(sink: UdpPeer, packets: list[RtpPacket]) -> int:

@@ -156,16 +156,16 @@ def _dtmf(line: MediaLine) -> int | None:
     return None
 
 
+def _session_lines(address: str, session_id: int, version: int) -> list[str]:
+    """The session-level lines of our SDP (an answer's or an offer's) for media on ``address``."""
+    family = "IP6" if ":" in address else "IP4"
+    return ["v=0", f"o=duplex {session_id} {version} IN {family} {address}", "s=duplex",
+            f"c=IN {family} {address}", "t=0 0"]
+
+
 def answer(neg: Negotiated, address: str, port: int, session_id: int, version: int) -> str:
     """Our SDP answer: the chosen audio on ``address:port``, every other m= line rejected."""
-    family = "IP6" if ":" in address else "IP4"
-    lines = [
-        "v=0",
-        f"o=duplex {session_id} {version} IN {family} {address}",
-        "s=duplex",
-        f"c=IN {family} {address}",
-        "t=0 0",
-    ]
+    lines = _session_lines(address, session_id, version)
     for index, line in enumerate(neg.offer):
         if index != neg.media_index:
             lines.append(f"m={line.kind} 0 {line.proto} {' '.join(line.formats)}")
@@ -185,14 +185,9 @@ def answer(neg: Negotiated, address: str, port: int, session_id: int, version: i
 
 def offer(address: str, port: int, session_id: int, version: int) -> str:
     """Our SDP offer for a call we place: PCMU, PCMA and telephone-event on ``address:port``."""
-    family = "IP6" if ":" in address else "IP4"
     static = " ".join(str(pt) for pt in STATIC)
     lines = [
-        "v=0",
-        f"o=duplex {session_id} {version} IN {family} {address}",
-        "s=duplex",
-        f"c=IN {family} {address}",
-        "t=0 0",
+        *_session_lines(address, session_id, version),
         f"m=audio {port} RTP/AVP {static} {DTMF_PT}",
         *(f"a=rtpmap:{pt} {name}/{CLOCK_RATE}" for pt, name in STATIC.items()),
         f"a=rtpmap:{DTMF_PT} telephone-event/{CLOCK_RATE}",
