@@ -14,34 +14,11 @@ import json
 
 from harness.scripted_pipeline import ScriptedPipeline
 from tests.duplex.test_session_scripted import RATE, Host, ask, tone
+from tests.duplex.test_slow_function import OUTPUT, called, give_output
 
 FILLER = "One moment, please."
 AFTER_MS = 1000
 FRAME_MS = 20  # Host.silence counts 20 ms frames
-OUTPUT = "Order 4417 left the warehouse on Tuesday."
-TOOLS = {"type": "session.update", "session": {"type": "realtime", "tools": [
-    {"type": "function", "name": "find_order", "description": "Where an order is",
-     "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}}}]}}
-
-
-async def called(host: Host, pipeline: ScriptedPipeline) -> str:
-    """The caller asks, the model calls ``find_order`` and its response ends; the call's id."""
-    host.binding.receive(json.dumps(TOOLS))
-    await host.until(lambda: "session.updated" in host.types())
-    await ask(host, pipeline, "Where is my order?")
-    pipeline.push(function_call={"name": "find_order", "arguments": '{"id": 4417}'})
-    pipeline.end()
-    await host.until(lambda: "response.done" in host.types())
-    (call,) = [i for i in host.of("response.done")[0]["response"]["output"] if i["type"] == "function_call"]
-    return str(call["call_id"])
-
-
-def give_output(host: Host, call_id: str) -> None:
-    host.binding.receive(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "function_call_output", "call_id": call_id, "output": OUTPUT}}))
-    host.binding.receive(json.dumps({"type": "response.create"}))
-
-
 async def test_a_slow_call_gets_the_filler_once_and_a_response_create_waits_for_its_end() -> None:
     pipeline = ScriptedPipeline()
     host = Host(pipeline, call_filler_text=FILLER, call_filler_after_ms=AFTER_MS)

@@ -17,20 +17,33 @@ from harness.speech import speech
 from tests.duplex.test_session_scripted import RATE, Host, ask, tone
 
 OUTPUT = "Order 4417 left the warehouse on Tuesday."
+TOOLS = {"type": "session.update", "session": {"type": "realtime", "tools": [
+    {"type": "function", "name": "find_order", "description": "Where an order is",
+     "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}}}]}}
 
 
-async def test_a_late_function_output_is_answered_and_the_call_meanwhile_goes_on() -> None:
-    pipeline = ScriptedPipeline()
-    host = Host(pipeline)
-    host.binding.receive(json.dumps({"type": "session.update", "session": {"type": "realtime", "tools": [
-        {"type": "function", "name": "find_order", "description": "Where an order is",
-         "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}}}]}}))
+async def called(host: Host, pipeline: ScriptedPipeline) -> str:
+    """The caller asks, the model calls ``find_order`` and its response ends; the call's id."""
+    host.binding.receive(json.dumps(TOOLS))
     await host.until(lambda: "session.updated" in host.types())
     await ask(host, pipeline, "Where is my order?")
     pipeline.push(function_call={"name": "find_order", "arguments": '{"id": 4417}'})
     pipeline.end()
     await host.until(lambda: "response.done" in host.types())
     (call,) = [i for i in host.of("response.done")[0]["response"]["output"] if i["type"] == "function_call"]
+    return str(call["call_id"])
+
+
+def give_output(host: Host, call_id: str) -> None:
+    host.binding.receive(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "function_call_output", "call_id": call_id, "output": OUTPUT}}))
+    host.binding.receive(json.dumps({"type": "response.create"}))
+
+
+async def test_a_late_function_output_is_answered_and_the_call_meanwhile_goes_on() -> None:
+    pipeline = ScriptedPipeline()
+    host = Host(pipeline)
+    call_id = await called(host, pipeline)
 
     # Five seconds without the output: the session listens, and answers another question aloud.
     await host.silence(250)
@@ -52,12 +65,10 @@ async def test_a_late_function_output_is_answered_and_the_call_meanwhile_goes_on
     assert [d["response"]["status"] for d in host.of("response.done")] == ["completed", "cancelled", "completed"]
 
     # The output, at last: answered by the next response, the call and its output given to it.
-    host.binding.receive(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "function_call_output", "call_id": call["call_id"], "output": OUTPUT}}))
-    host.binding.receive(json.dumps({"type": "response.create"}))
+    give_output(host, call_id)
     await host.until(lambda: len(pipeline.requests) == 4)
     messages = pipeline.requests[3].inputs["messages"]
-    assert any(call["call_id"] in json.dumps(m.get("tool_calls", "")) for m in messages), messages
+    assert any(call_id in json.dumps(m.get("tool_calls", "")) for m in messages), messages
     result = messages[-1]
     assert result["role"] == "user" and OUTPUT in result["text"], result
     pipeline.push(text="It left on Tuesday.")
