@@ -20,6 +20,9 @@ new Realtime WebSocket session (raw ``websockets``, as a client would open it) t
    session, and resumes it with its token: new socket → ``session.created`` of the same session
    (``resume``; against ``connect`` it is what finding the session and replaying its events adds).
 
+A new session is opened at most 2 a second after a burst of 20 per address (the server's own
+limit): a refusal is waited out and the attempt it refused is not timed.
+
 Times are ``time.monotonic()`` of this process and the MCP handler (the same clock) and of event
 arrival here. Prints p50/p90 per step and writes ``evaluation/results/tool_latency.json`` and
 ``.png``. Nothing here holds state between runs.
@@ -65,12 +68,23 @@ class Client:
         self.events: list[tuple[float, dict[str, Any]]] = []
 
     @classmethod
-    async def open(cls, server: ServerProcess, **query: str) -> Client:
+    async def open(cls, server: ServerProcess, **query: str) -> tuple[Client, float]:
+        """A new socket, and when the attempt that opened it began: one address may open 2 new
+        sessions a second after a burst of 20 (``AppState.new_sessions``), so a refusal (429) is
+        waited out as its Retry-After says, as a client would, and not counted."""
         url = server.url.replace("http", "ws") + "/v1/realtime?model=gpt-realtime"
         url += "".join(f"&{k}={v}" for k, v in query.items())
-        ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {API_KEY}"},
-                                      max_size=None)
-        return cls(ws)
+        while True:
+            began = time.monotonic()
+            try:
+                ws = await websockets.connect(url, max_size=None,
+                                              additional_headers={"Authorization": f"Bearer {API_KEY}"})
+            except websockets.InvalidStatus as refused:
+                if refused.response.status_code != 429:
+                    raise
+                await asyncio.sleep(float(refused.response.headers.get("Retry-After", "1")))
+                continue
+            return cls(ws), began
 
     async def send(self, kind: str, **fields: Any) -> float:
         """Send one client event; when it was sent."""
@@ -103,8 +117,7 @@ def _holding(server: ServerProcess) -> bool:
 
 async def one_round(server: ServerProcess, tools: ToolServer) -> dict[str, float]:
     """One session through the steps of the module doc; ms per step."""
-    opened = time.monotonic()
-    client = await Client.open(server)
+    client, opened = await Client.open(server)
     created_at, created = await client.until("session.created")
     tool = {"type": "mcp", "server_label": "bench", "server_url": f"{tools.url}/mcp",
             "allowed_tools": ["lookup"], "require_approval": "never"}
@@ -126,8 +139,7 @@ async def one_round(server: ServerProcess, tools: ToolServer) -> dict[str, float
     async with asyncio.timeout(TIMEOUT_S):
         while not await asyncio.to_thread(_holding, server):
             await asyncio.sleep(0.02)  # the server's view of a dropped socket: polled, across processes
-    resuming = time.monotonic()
-    resumed = await Client.open(server, resume_token=created["session"]["resume_token"])
+    resumed, resuming = await Client.open(server, resume_token=created["session"]["resume_token"])
     resumed_at, again = await resumed.until("session.created")
     if again["session"]["id"] != created["session"]["id"]:
         raise RuntimeError("the resume gave another session")
