@@ -98,6 +98,10 @@ class SessionDefaults(BaseModel):
     # ``--[no-]echo-cancellation`` sets it for every transport, a session's
     # ``audio.input.echo_cancellation`` for itself.
     echo_cancellation: bool | None = None
+    # Each session records what its audio front end took and gave (before and after echo
+    # cancellation and noise suppression) in this folder (duplex/media/front_end_recording.py),
+    # for operators debugging a call; None (the default): nothing. ``--front-end-record-dir``.
+    front_end_record_dir: str | None = None
 
     def session_config(self, transport: str | None = None) -> SessionConfig:
         """A new session's settings on ``transport`` (its kind: "webrtc", "sip", ...), before
@@ -163,13 +167,15 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _echo_cancellation(cls, data: Any) -> Any:
-        """``--[no-]echo-cancellation`` (a server option) is the sessions' default."""
-        if isinstance(data, dict) and "echo_cancellation" in data:
-            data = dict(data)
-            session = data.get("session") or {}
-            if isinstance(session, dict):
-                data["session"] = {**session, "echo_cancellation": data.pop("echo_cancellation")}
+    def _session_options(cls, data: Any) -> Any:
+        """``--[no-]echo-cancellation`` and ``--front-end-record-dir`` (server options) are the
+        sessions' defaults."""
+        for name in ("echo_cancellation", "front_end_record_dir"):
+            if isinstance(data, dict) and name in data:
+                data = dict(data)
+                session = data.get("session") or {}
+                if isinstance(session, dict):
+                    data["session"] = {**session, name: data.pop(name)}
         return data
 
     @model_validator(mode="before")
@@ -222,6 +228,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "call_decision_timeout_s": {"type": float},
     "pipeline_mode": {"choices": ["process", "inproc"]},
     "echo_cancellation": {"action": argparse.BooleanOptionalAction},
+    "front_end_record_dir": {},
 }
 
 

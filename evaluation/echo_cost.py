@@ -80,9 +80,11 @@ def simulated_call(minutes: float, delay_s: float, noise: bool) -> tuple[np.ndar
     return agent48, echo, mic
 
 
-def run(minutes: float, delay_s: float, changes: dict[str, Any], noise: bool = False
-        ) -> dict[str, float]:
-    agent48, echo, mic = simulated_call(minutes, delay_s, noise)
+def process_call(agent48: np.ndarray, mic: np.ndarray, changes: dict[str, Any]
+                 ) -> tuple[np.ndarray, float]:
+    """The microphone ``mic`` through a front end with ``changes`` to the session config, while
+    ``agent48`` (48 kHz, as long) plays, as a paced transport reports it, on a clock of its own:
+    (what the VAD would hear, CPU seconds it took)."""
     clock = Clock()
     front_end = AudioFrontEnd(ClientPlayout(), {"session_id": "bench"}, clock=clock)
     config = replace(SessionConfig(instructions="", voice="default"), **changes)
@@ -96,6 +98,13 @@ def run(minutes: float, delay_s: float, changes: dict[str, Any], noise: bool = F
         out[i : i + PACKET] = front_end.process(mic[i : i + PACKET], clock.now, config)
     cpu_s = time.process_time() - started
     front_end.close()
+    return out, cpu_s
+
+
+def run(minutes: float, delay_s: float, changes: dict[str, Any], noise: bool = False
+        ) -> dict[str, float]:
+    agent48, echo, mic = simulated_call(minutes, delay_s, noise)
+    out, cpu_s = process_call(agent48, mic, changes)
     # ERLE from each answer's second second on (the first one, converging, counts too: as heard).
     settled = np.zeros(len(mic), dtype=bool)
     for turn in range(int(minutes * 60 / TURN_S)):

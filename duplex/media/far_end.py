@@ -7,7 +7,8 @@ the caller hears it, on the transport's own clock:
 
 - paced transports (WebRTC, SIP): each 20 ms frame as the paced sender takes it
   (``agent_played``);
-- Twilio: each chunk once its mark came back (``agent_played(..., ended=True)``);
+- Twilio: each chunk as it starts playing, when the mark of the one before it comes back
+  (``duplex/media/marked_playout.py``);
 - the Realtime WebSocket: each chunk as it is sent; the client plays it after what it already has
   (``agent_sent``), so chunks are laid out one after the other from their sending, as
   ``duplex/media/recording.py`` lays them out.
@@ -58,15 +59,15 @@ class FarEnd:
 
     # --- AudioTap ---------------------------------------------------------------------------
 
-    def agent_played(self, samples: np.ndarray, rate: int, at: float, ended: bool = False) -> None:
-        """The caller heard ``samples`` from ``at`` on (``ended``: up to ``at``)."""
+    def agent_played(self, samples: np.ndarray, rate: int, at: float) -> None:
+        """The caller heard ``samples`` from ``at`` on."""
         audio = self._resample(samples, rate)
-        start = self.pos(at) - (len(audio) if ended else 0)
+        start = self.pos(at)
         if abs(start - self._end) <= JITTER_S * RATE or start < self._end:
             start = self._end  # continuous with what played before it
         self._lay(start, audio)
         if self.downstream is not None:
-            self.downstream.agent_played(samples, rate, at, ended)
+            self.downstream.agent_played(samples, rate, at)
 
     def agent_sent(self, samples: np.ndarray, rate: int, at: float) -> None:
         """``samples`` were sent at ``at``; the client plays them after what it already has."""

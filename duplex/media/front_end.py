@@ -14,9 +14,14 @@ run; duplex/media/apm.py):
   is used only where an echo is there at all (duplex/media/echo_presence.py): on a line without
   one, AEC3 would eat the first words of a caller who cuts in.
 - **Noise suppression** for ``audio.input.noise_reduction`` (null by default, as OpenAI's):
-  ``near_field`` (a close-talking microphone) is WebRTC's noise suppressor; ``far_field`` (a laptop
-  or a room microphone, far from a quieter talker) adds its automatic gain control. See
+  ``near_field`` (a close-talking microphone) is WebRTC's noise suppressor and the talk gate
+  (duplex/media/talk_gate.py: the talk of people around the caller, which every suppressor keeps
+  as speech, kept from the VAD by its lower level); ``far_field`` (a laptop or a room microphone,
+  far from a quieter talker) is the suppressor and its automatic gain control. See
   docs/audio_processing.md for why WebRTC's suppressor rather than RNNoise (CPU, measured).
+
+With ``--front-end-record-dir`` it also records, per session, what it took and what it gave
+(duplex/media/front_end_recording.py), for an operator debugging a call.
 
 Timing: the APM works on 10 ms frames. Inbound audio is cut into frames whose positions come from
 their arrival (``received_at``) on the same monotonic clock as the far end, kept continuous across
@@ -36,9 +41,9 @@ thread switch to every packet for 0.6 ms of work; a long ``input_audio_buffer.ap
 in the VAD's slices of 256 ms (~8 ms each, under DESIGN.md's 20 ms).
 
 Ownership: one :class:`AudioFrontEnd` per session, made with it and released by its ``close``;
-it owns its APM stages (native objects, freed when dropped), its :class:`FarEnd` and at most one
-10 ms frame of audio in each direction. It refers to the session's AgentAudio (whose tap it
-claims) and to nothing of the session itself.
+it owns its APM stages (native objects, freed when dropped), its talk gate, its :class:`FarEnd`,
+its recording (if any, closed with it) and at most one 10 ms frame of audio in each direction.
+It refers to the session's AgentAudio (whose tap it claims) and to nothing of the session itself.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ import numpy as np
 
 from duplex.media.apm import FRAME, EchoCanceller, NoiseSuppressor
 from duplex.media.far_end import JITTER_S, RATE, FarEnd
+from duplex.media.front_end_recording import FrontEndRecording
 from duplex.media.playout import AgentAudio
+from duplex.media.talk_gate import TalkGate
 from duplex.session.config import SessionConfig
 
 log = logging.getLogger(__name__)
@@ -63,21 +70,25 @@ NOISE_REDUCTION = ("near_field", "far_field")
 
 class AudioFrontEnd:
     """See module doc. ``audio``: the session's AgentAudio, whose tap becomes this front end's
-    :class:`FarEnd`; ``log_extra``: the session's logging fields (its id)."""
+    :class:`FarEnd`; ``log_extra``: the session's logging fields (its id); ``record_dir``: where
+    to record what it takes and gives (``--front-end-record-dir``; None: nowhere)."""
 
     def __init__(self, audio: AgentAudio, log_extra: Mapping[str, Any],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, record_dir: str | None = None) -> None:
         self.far_end = FarEnd(clock)
         self._audio: AgentAudio | None = audio
         self.log = logging.LoggerAdapter(log, dict(log_extra))
         self.echo: EchoCanceller | None = None
         self._noise: NoiseSuppressor | None = None
+        self.gate: TalkGate | None = None  # near_field's, after the suppressor
         self._wanted: tuple[bool, str | None] = (False, None)  # (echo, noise) being done
         self._engaged = False  # whether the audio goes through the stages now (see _run)
         self._pending = np.zeros(0, dtype=np.float32)  # near-end samples short of a frame
         self._out = np.zeros(FRAME, dtype=np.float32)  # processed samples not returned yet
         self._near_end: int | None = None  # timeline position after the last near-end sample
         self.frames = 0  # 10 ms frames processed (metrics, tests)
+        self.recording: FrontEndRecording | None = None if record_dir is None else \
+            FrontEndRecording(record_dir, str(log_extra.get("session_id", "session")), log_extra)
         self._claim_tap()
 
     @property
@@ -102,6 +113,12 @@ class AudioFrontEnd:
         """The caller's 16 kHz float32 ``samples`` (their last one arrived at ``received_at``) as
         the VAD and the model should hear them: echo cancelled and noise suppressed as ``config``
         says. As many samples as came in."""
+        out = self._process(samples, received_at, config)
+        if self.recording is not None:
+            self.recording.write(samples, out)
+        return out
+
+    def _process(self, samples: np.ndarray, received_at: float, config: SessionConfig) -> np.ndarray:
         noise = (config.noise_reduction or {}).get("type")
         wanted = (config.echo_cancellation, noise if noise in NOISE_REDUCTION else None)
         if wanted != self._wanted:
@@ -112,7 +129,7 @@ class AudioFrontEnd:
             return self._run(np.asarray(samples, dtype=np.float32), received_at)
         except RuntimeError as err:  # the native side refused a frame: the call goes on without
             self.log.warning("audio processing failed, turned off for this session: %s", err)
-            self.echo = self._noise = None
+            self.echo = self._noise = self.gate = None
             return samples
 
     def _configure(self, wanted: tuple[bool, str | None]) -> None:
@@ -121,6 +138,7 @@ class AudioFrontEnd:
             self.echo = EchoCanceller() if echo else None
         if noise != self._wanted[1]:
             self._noise = NoiseSuppressor(noise == "far_field") if noise else None
+            self.gate = TalkGate() if noise == "near_field" else None
         self._wanted = wanted
         self._engaged = False
         self.log.info("audio front end: echo cancellation %s, noise reduction %s",
@@ -155,7 +173,8 @@ class AudioFrontEnd:
             if self.echo is not None:
                 frame = self.echo.process(frame, self.far_end.read(first + offset, FRAME))
             if self._noise is not None:
-                frame = self._noise.process(frame)
+                cleaned = self._noise.process(frame)
+                frame = cleaned if self.gate is None else self.gate.process(cleaned, frame)
             processed.append(frame)
         self.frames += whole // FRAME
         self._pending = near[whole:]
@@ -166,9 +185,11 @@ class AudioFrontEnd:
 
     def close(self) -> None:
         """The session closed: free the stages and the far end, and let go of the AgentAudio."""
-        self.echo = self._noise = None
+        self.echo = self._noise = self.gate = None
         if self._audio is not None and self._audio.tap is self.far_end:
             self._audio.tap = self.far_end.downstream  # what was there before
         self.far_end.close()
+        if self.recording is not None:
+            self.recording.close()
         self._audio = None
         self._pending = self._out = np.zeros(0, dtype=np.float32)

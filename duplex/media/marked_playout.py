@@ -8,6 +8,13 @@ mark when its playback reaches it. What the caller heard is the last echoed mark
 resuming (a false interruption) sends again everything after the last echoed mark. Clearing (a
 confirmed interruption) sends ``clear`` and forgets it.
 
+The client plays what it has in order, so a chunk starts as the one before it ends (that one's
+mark, or the item's first mark, comes back) or, when the client had played everything before it,
+as it arrives (it is sent). The ``tap`` (the session's echo canceller, then a call's recording)
+is told each chunk then, as it starts: a canceller must have the agent's audio before its echo
+comes back, and a chunk's own mark comes back only once the whole chunk was played (a chunk can
+be a second long).
+
 A MarkedPlayout belongs to one session (one media stream); the chunks it keeps are those sent
 and not yet acknowledged, dropped as marks come back, when the item ends and at ``close``.
 """
@@ -45,6 +52,7 @@ class MarkedPlayout:
         self._sent = 0  # samples of the item sent (or held while paused)
         self._heard = 0  # samples of the item the client played (the last echoed mark)
         self._started = False
+        self._told = 0  # samples of the item the tap was told are playing (or played)
         self._unplayed: deque[tuple[int, np.ndarray]] = deque()  # (end sample, chunk) not echoed
         self._paused = False
         self._played = asyncio.Event()
@@ -54,6 +62,7 @@ class MarkedPlayout:
 
     def begin(self, response_id: str, item_id: str, output_format: str) -> None:
         self._item, self._sent, self._heard, self._started = item_id, 0, 0, False
+        self._told = 0
         self._unplayed.clear()
 
     def play(self, samples: np.ndarray, sample_rate: int) -> None:
@@ -70,6 +79,19 @@ class MarkedPlayout:
         self._unplayed.append((self._sent, chunk))
         if not self._paused:
             self._send(chunk, self._sent)
+            self._tell_started()
+
+    def _tell_started(self) -> None:
+        """Tell the tap that the chunk after the last echoed mark plays from now, once (module
+        doc): called as a mark comes back and as a chunk is sent (or sent again). Not before the
+        item's first mark came back: the first chunk starts then, which may be well after it
+        was sent."""
+        if self.tap is None or self._paused or not self._started or not self._unplayed:
+            return
+        end, chunk = self._unplayed[0]
+        if end > self._told:
+            self._told = end
+            self.tap.agent_played(chunk, self.rate, time.monotonic())
 
     def _send(self, chunk: np.ndarray, end: int) -> None:
         self._send_media(chunk)
@@ -82,13 +104,11 @@ class MarkedPlayout:
             return
         self._heard = max(self._heard, int(end))
         while self._unplayed and self._unplayed[0][0] <= self._heard:
-            _, chunk = self._unplayed.popleft()
-            if self.tap is not None:  # its mark came back: it has just been played
-                self.tap.agent_played(chunk, self.rate, time.monotonic(), ended=True)
-        if not self._started:
-            self._started = True
-            if self.listener is not None:
-                self.listener.on_playout_started(item)
+            self._unplayed.popleft()
+        first, self._started = not self._started, True
+        self._tell_started()
+        if first and self.listener is not None:
+            self.listener.on_playout_started(item)
         if not self._unplayed:
             self._played.set()
 
@@ -102,6 +122,7 @@ class MarkedPlayout:
                 self._unplayed.append((self._sent, tail))
                 if not self._paused:
                     self._send(tail, self._sent)
+                    self._tell_started()
         while self._unplayed:
             self._played.clear()
             await self._played.wait()
@@ -121,6 +142,8 @@ class MarkedPlayout:
         self._paused = False
         for end, chunk in self._unplayed:
             self._send(chunk, end)
+        self._told = self._heard  # the client plays them all again, from the first
+        self._tell_started()
 
     def clear(self) -> None:
         self._send_clear()

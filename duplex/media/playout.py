@@ -44,8 +44,8 @@ class AudioTap(Protocol):
     """Where the agent's audio goes as the caller hears it (a call's recording): on the event
     loop, monotonic times; must not block."""
 
-    def agent_played(self, samples: np.ndarray, rate: int, at: float, ended: bool = False) -> None:
-        """``samples`` were played: from ``at`` on (or, ``ended``, up to ``at``)."""
+    def agent_played(self, samples: np.ndarray, rate: int, at: float) -> None:
+        """``samples`` were played from ``at`` on."""
 
     def agent_sent(self, samples: np.ndarray, rate: int, at: float) -> None:
         """``samples`` were sent at ``at`` to a client that plays them after what it has."""

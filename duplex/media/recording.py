@@ -6,7 +6,8 @@ recording began, when the call was admitted): left, the caller's audio as the se
 
 - paced transports (WebRTC, SIP): each 20 ms frame the sender took from the queue, at the time it
   took it (a paused or cleared answer sends no more frames, so a barge-in cuts the channel there);
-- Twilio: each chunk once Twilio echoed its mark (it was played), ending at the echo;
+- Twilio: each chunk as it starts playing (the echo of the mark before it, or its sending when
+  Twilio had played everything before it): a chunk cut by ``clear`` is kept whole;
 - the Realtime WebSocket: the client plays what it is sent in real time from the first chunk on,
   and stops at ``input_audio_buffer.speech_started``: the chunks are laid out one after the other
   from their sending and cut at that event.
@@ -114,11 +115,9 @@ class CallRecording:
         self._place(LEFT, float_to_pcm16(samples), self._pos(arrival) - len(samples))
         self._settle(self._clock())
 
-    def agent_played(self, samples: np.ndarray, rate: int, at: float, ended: bool = False) -> None:
-        """Agent audio the caller heard: it began playing at ``at`` (``ended``: it ended there)."""
-        pcm = self._resample(samples, rate)
-        start = self._pos(at) - (len(pcm) if ended else 0)
-        self._place(RIGHT, pcm, start)
+    def agent_played(self, samples: np.ndarray, rate: int, at: float) -> None:
+        """Agent audio the caller heard: it began playing at ``at``."""
+        self._place(RIGHT, self._resample(samples, rate), self._pos(at))
         self._settle(self._clock())
 
     def agent_sent(self, samples: np.ndarray, rate: int, at: float) -> None:

@@ -15,29 +15,23 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 import websockets
 
-from duplex.serve import create_app
-from duplex.settings import load_preset
-from duplex.transports.webrtc.ice import IcePolicy
 from harness.peers import Changes
-from harness.server import free_port, write_preset
+from harness.server import serving
 from harness.speech import speech
 from tests.e2e.speakerphone import (
     ANSWER_RATE,
     INTERRUPTION,
     QUESTION,
     EchoPath,
-    SpeakingPipeline,
     answer_audio,
+    speaking_app,
 )
-from tests.operators.conftest import toy_pipeline
 
 RATE = ANSWER_RATE  # audio/pcm, both ways
 TICK = RATE // 50  # the microphone sends 20 ms at a time, in real time
@@ -109,21 +103,8 @@ class Speakerphone(Changes):
 
 @pytest.fixture(scope="module")
 async def port(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[int]:
-    tmp: Path = tmp_path_factory.mktemp("echo")
-    path = write_preset(tmp / "preset.yaml", pipeline=toy_pipeline(), pipeline_mode="inproc",
-                        session={"turn_detection": {"type": "server_vad"}})
-    app = create_app(load_preset(["--config", str(path)], environ={}), IcePolicy(hosts=("127.0.0.1",)))
-    app.state.duplex.pipeline = SpeakingPipeline()  # no lifespan: the preset's pipeline never starts
-    number = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=number, lifespan="off",
-                                           log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(TIMEOUT):
-        while not server.started:
-            await asyncio.sleep(0.01)
-    yield number
-    server.should_exit = True
-    await task
+    async with serving(speaking_app(tmp_path_factory.mktemp("echo"))) as number:
+        yield number
 
 
 async def call(port: int, session: dict[str, Any], interrupt_after_s: float | None = None

@@ -17,14 +17,9 @@ import numpy as np
 
 from duplex.media.paced_track import OutboundAudioTrack
 from duplex.media.pcm import float_to_pcm16
-from duplex.serve import create_app
-from duplex.settings import load_preset
-from duplex.transports.webrtc.ice import IcePolicy
 from harness.peers import ClientPeer
-from harness.server import write_preset
 from harness.speech import speech
-from tests.e2e.speakerphone import QUESTION, EchoPath, SpeakingPipeline, dial
-from tests.operators.conftest import toy_pipeline
+from tests.e2e.speakerphone import QUESTION, Microphone, dial, speaking_app
 
 RATE = 48000
 FRAME = RATE // 50
@@ -33,45 +28,34 @@ TIMEOUT = 30.0
 
 
 class SpeakerphoneMic(OutboundAudioTrack):
-    """The client's microphone, paced as a real one: the caller's words (``say``), plus the echo
-    of what the client's loudspeaker played (everything ``peer`` received, as it came)."""
+    """The client's microphone, paced as a real one: the caller's words (``mic.say``), plus the
+    echo of what the client's loudspeaker played (everything ``peer`` received, as it came)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.peer: ClientPeer | None = None
-        self.echo = EchoPath(RATE, DELAY_S)
+        self.mic = Microphone(RATE, DELAY_S)
         self._heard = 0  # frames of the peer's played
-        self._words = np.zeros(0, dtype=np.float32)
-
-    def say(self, samples: np.ndarray) -> None:
-        self._words = samples
 
     def next_frame(self) -> np.ndarray | None:
         played = np.zeros(FRAME, dtype=np.float32)
         if self.peer is not None and self._heard < len(self.peer.frames):
             played = self.peer.frames[self._heard][1][:FRAME]
             self._heard += 1
-        mic = self.echo.hear(np.pad(played, (0, FRAME - len(played))))
-        words, self._words = self._words[:FRAME], self._words[FRAME:]
-        mic[: len(words)] += words
-        return float_to_pcm16(mic)
+        return float_to_pcm16(self.mic.hear(np.pad(played, (0, FRAME - len(played)))))
 
 
 async def call(tmp_path: Path, *options: str) -> list[dict]:
     """One call: the question, the answer on the speakerphone until it is done and its echo back."""
-    path = write_preset(tmp_path / "preset.yaml", pipeline=toy_pipeline(),
-                        session={"turn_detection": {"type": "server_vad"}})
-    app = create_app(load_preset(["--config", str(path), *options], environ={}),
-                     IcePolicy(hosts=("127.0.0.1",)))
+    app = speaking_app(tmp_path, *options)
     state = app.state.duplex
-    state.pipeline = SpeakingPipeline()
     mic = SpeakerphoneMic()
     peer = mic.peer = ClientPeer(mic)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://localhost") as http:
             call_id = await dial(http, peer)
-            mic.say(speech(QUESTION, RATE, 0.2, 0.0))
+            mic.mic.say(speech(QUESTION, RATE, 0.2, 0.0))
             await peer.wait_for(lambda: any(e["type"] == "response.done" for e in peer.events()),
                                 TIMEOUT)
             # The echo of the answer's last frames comes back, and the VAD has had its say on it.

@@ -4,12 +4,16 @@ impulse response) in the caller's audio, and white noise (duplex/media/front_end
 
 from __future__ import annotations
 
+import wave
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from duplex.media import front_end_recording
 from duplex.media.front_end import AudioFrontEnd
+from duplex.media.marked_playout import MarkedPlayout
 from duplex.media.playout import ClientPlayout
 from duplex.session.config import SessionConfig
 from harness.speech import speech
@@ -34,9 +38,11 @@ class Tap:
     def __init__(self) -> None:
         self.played = 0
         self.sent = 0
+        self.chunks: list[int] = []  # the length of each played chunk, in turn
 
-    def agent_played(self, samples: np.ndarray, rate: int, at: float, ended: bool = False) -> None:
+    def agent_played(self, samples: np.ndarray, rate: int, at: float) -> None:
         self.played += len(samples)
+        self.chunks.append(len(samples))
 
     def agent_sent(self, samples: np.ndarray, rate: int, at: float) -> None:
         self.sent += len(samples)
@@ -85,9 +91,18 @@ def erle_db(mic: np.ndarray, out: np.ndarray, settle_s: float = 1.5) -> float:
     return float(10 * np.log10(np.mean(mic[start:] ** 2) / (np.mean(out[start:] ** 2) + 1e-12)))
 
 
-def front_end(clock: Clock) -> tuple[AudioFrontEnd, ClientPlayout]:
+def front_end(clock: Clock, record_dir: Path | None = None) -> tuple[AudioFrontEnd, ClientPlayout]:
     audio = ClientPlayout()
-    return AudioFrontEnd(audio, {"session_id": "test"}, clock=clock), audio
+    recording = None if record_dir is None else str(record_dir)
+    return AudioFrontEnd(audio, {"session_id": "test"}, clock=clock, record_dir=recording), audio
+
+
+def read_stereo(path: Path) -> np.ndarray:
+    """A 16 kHz 16-bit stereo WAV as float (samples, 2)."""
+    with wave.open(str(path), "rb") as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (2, 2, RATE)
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    return pcm.reshape(-1, 2).astype(np.float32) / 32768.0
 
 
 @pytest.mark.parametrize("delay_s", [0.1, 0.25, 0.45])
@@ -211,3 +226,64 @@ def test_a_session_update_switches_processing_on_and_off() -> None:
         assert fe.engaged is (cfg.noise_reduction is not None)  # no agent audio: echo idles
     fe.close()
     assert not fe.active
+
+
+def test_the_front_end_recording_has_the_echo_on_the_left_and_not_on_the_right(tmp_path: Path) -> None:
+    """``--front-end-record-dir``: the caller's audio as it came (left) and as the VAD heard it
+    (right), sample for sample on the same clock: the echo is there on the left, gone on the
+    right. Off by default."""
+    clock = Clock()
+    fe, _ = front_end(clock, tmp_path)
+    mic, out = speakerphone(fe, clock, 0.25, config())
+    fe.close()
+    stereo = read_stereo(tmp_path / "test.front_end.wav")
+    assert len(stereo) == len(mic)
+    assert np.allclose(stereo[:, 0], mic, atol=1 / 32768) and np.allclose(stereo[:, 1], out, atol=1 / 32768)
+    assert erle_db(stereo[:, 0], stereo[:, 1]) >= 20
+    assert front_end(Clock())[0].recording is None
+
+
+def test_the_front_end_recording_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(front_end_recording, "MAX_S", 1.01)  # not a whole number of packets
+    clock = Clock()
+    fe, _ = front_end(clock, tmp_path)
+    noise = white_noise(3.0, 0.01)
+    for i in range(0, len(noise), CHUNK):
+        clock.now += CHUNK / RATE
+        fe.process(noise[i : i + CHUNK], clock.now, config())
+    fe.close()
+    assert len(read_stereo(tmp_path / "test.front_end.wav")) == int(1.01 * RATE)
+
+
+def test_twilio_chunks_are_told_to_the_far_end_as_they_start() -> None:
+    """A marked playout (Twilio) tells its tap each chunk as it starts playing: the first as the
+    item's first mark comes back (not as it is sent: the client may start it later), each next
+    one as the mark before it comes back, not at its own mark (too late for a canceller: the echo
+    would come before the reference), one sent after the client played everything as it is sent;
+    after a false interruption, what is sent again from the last mark is told again."""
+    tap = Tap()
+    sent: list[str] = []
+    playout = MarkedPlayout(8000, lambda pcm: sent.append(f"media {len(pcm)}"), sent.append,
+                            lambda: sent.append("clear"))
+    playout.tap = tap
+    playout.begin("resp", "item", "g711_ulaw")
+    for size in (800, 1600, 2400):  # 100, 200 and 300 ms at 8 kHz
+        playout.play(np.full(size, 0.1, dtype=np.float32), 8000)
+    assert tap.chunks == []
+    playout.on_mark("item:0")
+    assert tap.chunks == [800]  # only the first plays yet
+    playout.on_mark("item:800")
+    assert tap.chunks == [800, 1600]
+    playout.pause()  # a possible interruption: the second is cut as it plays
+    assert tap.chunks == [800, 1600]
+    playout.resume()  # a false one: sent again from the last mark, the second plays again
+    assert tap.chunks == [800, 1600, 1600]
+    playout.pause()  # again; the second's mark was on its way: the third was cleared unplayed
+    playout.on_mark("item:2400")
+    assert tap.chunks == [800, 1600, 1600]
+    playout.resume()
+    assert tap.chunks == [800, 1600, 1600, 2400]
+    assert sent.count("clear") == 2 and sent[-2:] == ["media 2400", "item:4800"]
+    playout.on_mark("item:4800")  # the client has played everything: the next plays as it comes
+    playout.play(np.full(400, 0.1, dtype=np.float32), 8000)
+    assert tap.chunks == [800, 1600, 1600, 2400, 400]

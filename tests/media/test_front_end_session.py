@@ -4,6 +4,8 @@ sets them, and the server's ``--[no-]echo-cancellation``."""
 
 from __future__ import annotations
 
+import wave
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -103,3 +105,15 @@ async def test_the_server_setting_is_every_sessions_default() -> None:
     assert default.echo_cancellation is None and default.session_config().echo_cancellation is True
     assert default.session_config("webrtc").echo_cancellation is False  # browsers cancel their own
     await host.session.close()
+
+
+async def test_the_server_option_records_each_sessions_front_end(tmp_path: Path) -> None:
+    defaults = load_preset(["--preset", "toy", "--front-end-record-dir", str(tmp_path)],
+                           environ={}).settings.session
+    assert defaults.front_end_record_dir == str(tmp_path)
+    assert load_preset(["--preset", "toy"], environ={}).settings.session.front_end_record_dir is None
+    host = Host(**defaults.model_dump(exclude={"voice_map"}))
+    host.feed(np.full(RATE, 0.25, dtype=np.float32))
+    await host.session.close()
+    with wave.open(str(tmp_path / "sess_front_end.front_end.wav"), "rb") as w:
+        assert (w.getnchannels(), w.getnframes()) == (2, RATE - RATE % STEP)
