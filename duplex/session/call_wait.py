@@ -20,9 +20,9 @@ starts then (:meth:`CallWait.defer`); one at most, as only one response may wait
 Time runs on audio time (the caller's stream, as the idle timeout's), so the same audio gives the
 same filler.
 
-Lifetime: one per session, made with it and closed by ``Session.close``; it holds the ids of the
-calls waiting for their output (dropped when the output comes), the filler in flight and at most
-one deferred ``response.create``.
+Lifetime: one per session, made with it and closed by ``Session.close`` (which also lets go of
+the session); it holds the ids of the calls waiting for their output (dropped when the output
+comes), the filler in flight and at most one deferred ``response.create``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class CallWait:
     """See module doc."""
 
     def __init__(self, host: CallWaitHost, defaults: SessionDefaults) -> None:
-        self._host = host
+        self._host: CallWaitHost | None = host  # None once closed: no reference back to it
         self._text = defaults.call_filler_text
         self._after_ms = defaults.call_filler_after_ms
         self._position = 0  # the caller's stream, ms (the last window seen)
@@ -81,7 +81,8 @@ class CallWait:
         """One window of the caller's audio was heard (``position_ms``: the stream's end)."""
         self._position = position_ms
         host = self._host
-        if not self._waiting or in_speech or host.response is not None or host.barge_in is not None:
+        if host is None or not self._waiting or in_speech or host.response is not None \
+                or host.barge_in is not None:
             return
         if position_ms - min(self._waiting.values()) < self._after_ms:
             return
@@ -117,13 +118,16 @@ class CallWait:
     def defer(self, spec: ResponseSpec, input_items: list[Item] | None) -> bool:
         """Hold a client's ``response.create`` while the filler is said; False where there is no
         filler in flight, or a response already waits for it."""
-        if self._filler is None or self._host.response is not self._filler or self._deferred is not None:
+        if self._filler is None or self._host is None or self._host.response is not self._filler \
+                or self._deferred is not None:
             return False
         self._deferred = Deferred(spec, input_items)
         return True
 
     def close(self) -> None:
-        """The session closed: nothing waits."""
+        """The session closed: nothing waits, and nothing refers back to it (the session owns
+        this: a cycle would keep it until the garbage collector runs)."""
         self._waiting.clear()
         self._filler = None
         self._deferred = None
+        self._host = None

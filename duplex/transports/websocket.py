@@ -265,6 +265,9 @@ class WebSocketConnection:
                 self._unsent -= len(item)
                 await self.websocket.send_text(item)
             except (WebSocketDisconnect, RuntimeError, OSError) as err:
-                # The client is gone; the reader sees the disconnect and ends the session.
-                self.log.info("websocket send failed: %s", err)
+                # The client is gone; the reader sees the disconnect and ends the session. The
+                # error goes to the log as text: a record holding the exception (kept by a handler
+                # that keeps records, as pytest's does) would hold its traceback's frames, and
+                # this connection with them.
+                self.log.info("websocket send failed: %s", repr(err))
                 return
