@@ -121,8 +121,10 @@ async def test_a_dropped_session_resumes_its_conversation_config_and_truncated_a
     await first.send("response.create")
     cut = (await first.until("response.created", 2))["response"]["id"]
     await first.until("response.output_audio.delta", len(first.of("response.output_audio.delta")) + 5)
-    heard_ms = 1000 * sum(wire_seconds("audio/pcm", e["delta"]) for e in first.of("response.output_audio.delta")
-                          if e["response_id"] == cut)
+    # Whole milliseconds, as the server counts audio_end_ms (a float sum of the deltas' seconds
+    # came to 720.0000000000001 against the server's 720 once).
+    heard_ms = round(1000 * sum(wire_seconds("audio/pcm", e["delta"])
+                                for e in first.of("response.output_audio.delta") if e["response_id"] == cut))
     await dropped(server, first)
 
     # The openai SDK resumes with the token as a query parameter.
