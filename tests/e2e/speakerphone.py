@@ -120,6 +120,14 @@ def voiced_span_s(frames: list[np.ndarray], rate: int, level: float = 0.015,
     return sum(len(f) for f in frames[loud[0] : end + 1]) / rate
 
 
+def answer_span_s(rate: int) -> float:
+    """The agent's answer's own span, measured as a caller's hearing of it is (20 ms frames at
+    ``rate``): what a call that lets it play to its end hears."""
+    answer = speech(ANSWER, rate, 0.0, 0.1)
+    frame = rate // 50
+    return voiced_span_s([answer[i : i + frame] for i in range(0, len(answer), frame)], rate)
+
+
 def speaking_preset(tmp: Path, *options: str) -> Preset:
     """The toy preset with server_vad turns (and ``options``, the command line's), whose pipeline
     a :class:`SpeakingPipeline` replaces: never started."""

@@ -27,10 +27,10 @@ from duplex.transports.sip.rtp import RtpPacket
 from duplex.transports.sip.sdp import parse_offer
 from harness.speech import speech
 from tests.e2e.speakerphone import (
-    ANSWER,
     QUESTION,
     Microphone,
     SpeakingPipeline,
+    answer_span_s,
     speaking_preset,
     voiced_span_s,
 )
@@ -115,22 +115,16 @@ async def call(tmp_path: Path, *options: str) -> tuple[SpeakerphoneCaller, Speak
     return phone, pipeline
 
 
-def answer_span_s() -> float:
-    """The answer's own span, measured as the caller's is."""
-    answer = speech(ANSWER, RATE, 0.0, 0.1)
-    return voiced_span_s([answer[i : i + FRAME] for i in range(0, len(answer), FRAME)], RATE)
-
-
 async def test_sip_with_echo_cancellation_the_agent_answers_to_its_end(tmp_path: Path) -> None:
     phone, pipeline = await call(tmp_path)
     assert not pipeline.aborted, pipeline.aborted
     assert len(pipeline.requests) == 1
     heard = voiced_span_s(phone.heard, RATE)
-    assert heard >= answer_span_s() - 0.2, (heard, answer_span_s())
+    assert heard >= answer_span_s(RATE) - 0.2, (heard, answer_span_s(RATE))
 
 
 async def test_sip_without_echo_cancellation_the_agent_interrupts_itself(tmp_path: Path) -> None:
     phone, pipeline = await call(tmp_path, "--no-echo-cancellation")
     assert pipeline.aborted[:1] == [pipeline.requests[0].request_id]
     heard = voiced_span_s(phone.heard, RATE)
-    assert heard < answer_span_s() - 1.0, (heard, answer_span_s())
+    assert heard < answer_span_s(RATE) - 1.0, (heard, answer_span_s(RATE))

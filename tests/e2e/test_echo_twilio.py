@@ -29,10 +29,10 @@ from duplex.media.pcm import float_to_pcm16, pcm16_to_float, ulaw_encode
 from harness.server import serving
 from harness.speech import speech
 from tests.e2e.speakerphone import (
-    ANSWER,
     QUESTION,
     Microphone,
     SpeakingPipeline,
+    answer_span_s,
     speaking_app,
     voiced_span_s,
 )
@@ -119,18 +119,12 @@ async def call(tmp_path: Path, *options: str) -> tuple[SpeakerphoneTwilio, Speak
     return phone, pipeline
 
 
-def answer_span_s() -> float:
-    """The answer's own span, measured as the caller's is."""
-    answer = speech(ANSWER, RATE, 0.0, 0.1)
-    return voiced_span_s([answer[i : i + FRAME] for i in range(0, len(answer), FRAME)], RATE)
-
-
 async def test_twilio_with_echo_cancellation_the_agent_answers_to_its_end(tmp_path: Path) -> None:
     phone, pipeline = await call(tmp_path)
     assert phone.count("clear") == 0  # not even paused for a moment
     assert not pipeline.aborted and len(pipeline.requests) == 1
     heard = voiced_span_s(phone.heard, RATE)
-    assert heard >= answer_span_s() - 0.2, (heard, answer_span_s())
+    assert heard >= answer_span_s(RATE) - 0.2, (heard, answer_span_s(RATE))
 
 
 async def test_twilio_without_echo_cancellation_the_agent_interrupts_itself(tmp_path: Path) -> None:
@@ -138,4 +132,4 @@ async def test_twilio_without_echo_cancellation_the_agent_interrupts_itself(tmp_
     assert phone.count("clear") >= 1
     assert pipeline.aborted[:1] == [pipeline.requests[0].request_id]
     heard = voiced_span_s(phone.heard, RATE)
-    assert heard < answer_span_s() - 1.0, (heard, answer_span_s())
+    assert heard < answer_span_s(RATE) - 1.0, (heard, answer_span_s(RATE))
