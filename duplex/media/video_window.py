@@ -13,7 +13,7 @@ the loop and without touching its pixels:
 - **one at a time**: scaling a kept frame to fit ``max_side`` and converting it to RGB (PyAV's
   swscale) runs off the loop (:func:`duplex.media.offloop.off_loop`); a frame that comes while
   the previous one is still being converted is dropped (``busy``);
-- **unchanged pictures**: a picture that differs from the last one kept by less than
+- **unchanged pictures**: a picture (compared off the loop too) that differs from the last one kept by less than
   ``UNCHANGED_LEVEL`` (mean absolute difference of its pixels) is not kept again; the last one is
   marked as still seen (``unchanged``);
 - **the window**: the last ``window_frames`` pictures, with when each was first and last seen.
@@ -98,8 +98,11 @@ class VideoWindow:
             self._converting = asyncio.get_running_loop().create_task(self._convert(frame, arrival))
 
     async def _convert(self, frame: av.VideoFrame, arrival: float) -> None:
+        # Only this task adds pictures, one at a time: the last one stays the last meanwhile.
+        last = self._pictures[-1] if self._pictures else None
         try:
-            rgb = await off_loop(scaled_rgb, frame, self.settings.max_side)
+            rgb, same = await off_loop(_read, frame, self.settings.max_side,
+                                       None if last is None else last.rgb)
         except (av.FFmpegError, ValueError) as exc:
             self._log.warning("a video frame could not be converted: %s", exc)
             self._count("failed")
@@ -108,8 +111,7 @@ class VideoWindow:
             self._converting = None
         if self._closed:
             return
-        last = self._pictures[-1] if self._pictures else None
-        if last is not None and unchanged(last.rgb, rgb):
+        if last is not None and same:
             last.last_seen = arrival
             self._count("unchanged")
             return
@@ -147,6 +149,13 @@ class VideoWindow:
 
     def _count(self, outcome: str) -> None:
         metrics.VIDEO_FRAMES_TOTAL.labels(outcome=outcome).inc()
+
+
+def _read(frame: av.VideoFrame, max_side: int, before: np.ndarray | None) -> tuple[np.ndarray, bool]:
+    """The frame as a picture (:func:`scaled_rgb`), and whether it shows what ``before`` did; off
+    the loop, both."""
+    rgb = scaled_rgb(frame, max_side)
+    return rgb, before is not None and unchanged(before, rgb)
 
 
 def scaled_rgb(frame: av.VideoFrame, max_side: int) -> np.ndarray:
