@@ -15,7 +15,10 @@ caps, metadata, out of band) come in its :class:`ResponseSpec`.
 
 The call it makes (a function call for the client, or an MCP tool call the server runs once the
 model's answer ended, with ``follow_up`` the response that answers its result) is its
-:class:`~duplex.session.response_call.ResponseCall`'s.
+:class:`~duplex.session.response_call.ResponseCall`'s. While an MCP call runs slowly, a response
+that said nothing before it may be asked to say the preset's filler (:meth:`Response.say_filler`,
+:mod:`duplex.session.call_wait`): a request of its own, whose words and audio are the response's
+message, after the call item.
 
 It talks to its session only through :class:`ResponseHost`; how the audio reaches the user (paced
 by the server or played by the client) is the AgentAudio's business, never the response's.
@@ -47,6 +50,7 @@ from duplex.session.conversation import Conversation
 from duplex.session.history import Item, voiced_tokens
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.response_call import ResponseCall
+from duplex.tools.mcp_items import McpCall
 from duplex.tools.mcp_session import McpTools
 from pipeline.coordinator import PipelineError, PipelineOverloaded
 from pipeline.proto import OmniRequest, OutputChunk
@@ -83,6 +87,9 @@ class ResponseHost(Protocol):
     @property
     def mcp(self) -> McpTools:
         """The session's MCP servers: the tools they offer, and calls."""
+
+    def on_mcp_call(self, response: Response, running: bool) -> None:
+        """The response's MCP call began to run (``running``), or is over."""
 
 
 async def _no_chunks() -> AsyncIterator[OutputChunk]:
@@ -125,6 +132,8 @@ class Response:
         self.playout_started_at: float | None = None
         self.cancel_reason: str | None = None
         self.generation_done = False
+        self._filler: asyncio.Task[None] | None = None  # the filler said while its MCP call runs
+        self._filler_request: str | None = None
         self._cancelled = asyncio.Event()
         # The answer tokens the text so far covers, where the model counts them (``text_tokens``).
         self._text_tokens: int | None = None
@@ -151,6 +160,18 @@ class Response:
     def audio_ms(self) -> int:
         return self.audio_samples * 1000 // self.audio_rate
 
+    @property
+    def said_anything(self) -> bool:
+        """Whether the response's message began (text or audio came)."""
+        return self.item.id in self._outputs
+
+    def say_filler(self, request: OmniRequest) -> None:
+        """Say the words ``request`` gives (the preset's filler) as the response's message, while
+        its MCP call runs (module doc); at most once, and only before it said anything."""
+        if self._filler is None and not self.said_anything and self.cancel_reason is None:
+            self._filler_request = request.request_id
+            self._filler = asyncio.get_running_loop().create_task(self._say(request))
+
     async def cancel(self, reason: str, heard_ms: int | None = None) -> None:
         """Abort the pipeline request (acknowledged by every stage) and wait for response.done.
 
@@ -161,7 +182,12 @@ class Response:
         if self.cancel_reason is None:
             self.cancel_reason = reason
             self._cancelled.set()
-            await self.host.pipeline.abort(self.request_id, keep_answer_tokens=self._tokens_heard(heard_ms))
+            # The message's audio is the filler's where one was said (the answer was a call).
+            speaking, done = ((self._filler_request, self.request_id) if self._filler_request is not None
+                              else (self.request_id, None))
+            await self.host.pipeline.abort(speaking, keep_answer_tokens=self._tokens_heard(heard_ms))
+            if done is not None:
+                await self.host.pipeline.abort(done)
         await asyncio.shield(self._task)
 
     def _tokens_heard(self, heard_ms: int | None) -> int | None:
@@ -177,7 +203,7 @@ class Response:
             if self._response_call.approved is not None:
                 self._response_call.start_approved()
             await self._generate(request)
-            await self._response_call.run(self._until_cancelled, lambda: self.cancel_reason is not None)
+            await self._run_call()
         except PipelineOverloaded as err:
             status, error = "failed", {"type": "server_error", "code": "overloaded", "message": str(err)}
         except PipelineError as err:
@@ -210,14 +236,44 @@ class Response:
                 _phase("turn_end_to_submit", self.submitted_at - self.turn_end_at)
         else:
             chunks = _no_chunks()
+        await self._stream(chunks)
+        self.generation_done = True
+        await self._played()
+
+    async def _stream(self, chunks: AsyncIterator[OutputChunk]) -> None:
+        """Take ``chunks`` into the response."""
         # aclosing: a task cancelled mid-stream aborts the request now, not when collected.
         async with contextlib.aclosing(chunks):  # type: ignore[type-var]
             async for chunk in chunks:
                 self._on_chunk(chunk.data)
-        self.generation_done = True
         self.item.spoken_ms = self.audio_ms if self.speaks and self.audio_samples else None
+
+    async def _played(self) -> None:
+        """Wait until the response's audio so far played out (or it is cancelled)."""
         if self.speaks and self.cancel_reason is None:
             await self._until_cancelled(self.host.audio.drain())
+
+    async def _run_call(self) -> None:
+        """Run the MCP call the response made, if it made one; a filler said meanwhile ends
+        before the response does."""
+        mcp = self.call is not None and isinstance(self.call.call, McpCall)
+        if mcp:
+            self.host.on_mcp_call(self, True)
+        try:
+            await self._response_call.run(self._until_cancelled, lambda: self.cancel_reason is not None)
+        finally:
+            if mcp:
+                self.host.on_mcp_call(self, False)
+            if self._filler is not None:
+                await asyncio.shield(self._filler)
+
+    async def _say(self, request: OmniRequest) -> None:
+        self.log.info("response %s says the filler: request %s", self.id, request.request_id)
+        try:
+            await self._stream(self.host.pipeline.stream(request))
+            await self._played()
+        except PipelineError as err:  # the call goes on without its filler
+            self.log.warning("response %s: the filler failed: %s", self.id, err)
 
     async def _until_cancelled(self, work: Any) -> None:
         """``work``, given up when the response is cancelled first."""

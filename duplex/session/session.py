@@ -442,6 +442,11 @@ class Session:
         """Answer the turn that ended at ``turn_end_at`` (deferred while a response was cancelled)."""
         self.start_response(turn_end_at=turn_end_at)
 
+    def history_request(self, spec: ResponseSpec) -> OmniRequest:
+        """The request that answers the history as ``spec`` says (a filler said inside a response
+        whose MCP call runs: call_wait.py)."""
+        return self._requests.request(self.config, spec, None)
+
     def recognition(self, fragment: np.ndarray) -> OmniRequest:
         """The request that transcribes ``fragment``, speech over the agent (a backchannel?)."""
         return self._requests.recognition(self.config, fragment)
@@ -450,6 +455,12 @@ class Session:
 
     def on_first_audio(self, response: Response) -> None:
         self.state = State.SPEAKING
+
+    def on_mcp_call(self, response: Response, running: bool) -> None:
+        if running:
+            self.call_wait.mcp_call_began(response)
+        else:
+            self.call_wait.mcp_call_ended(response)
 
     def on_input_transcript(self, response: Response, transcript: str) -> None:
         """The model's recognition of the user's last turn: kept as that item's text."""

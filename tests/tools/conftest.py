@@ -25,6 +25,8 @@ from pipeline.proto import OmniRequest
 from pipeline.runner import start_pipeline
 
 TIMEOUT = 20.0
+FILLER = "One moment, please."
+FILLER_AFTER_MS = 400
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,11 @@ class Duplex:
 async def duplex_server(tmp_path_factory: pytest.TempPathFactory,
                         tool_server: ToolServer) -> AsyncIterator[Duplex]:
     # The operator lists the one MCP server sessions may use (none by default).
+    # A filler for slow calls (test_mcp_filler.py): said only by responses that speak, while
+    # the caller's audio runs, so the text sessions of the other tests never hear it.
     path = write_preset(tmp_path_factory.mktemp("mcp") / "preset.yaml",
-                        session={"mcp_servers": [f"{tool_server.url}/"]})
+                        session={"mcp_servers": [f"{tool_server.url}/"], "call_filler_text": FILLER,
+                                 "call_filler_after_ms": FILLER_AFTER_MS})
     preset = load_preset(["--config", str(path)], environ={})
     app = create_app(preset, IcePolicy(hosts=("127.0.0.1",)))
     state: AppState = app.state.duplex
