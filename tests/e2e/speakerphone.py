@@ -88,10 +88,11 @@ class EchoPath:
 
 class Microphone:
     """A speakerphone's microphone, 20 ms at a time: the echo of what its loudspeaker played
-    (:class:`EchoPath`) plus the caller's words (``say``), from the next frame on."""
+    (:class:`EchoPath`) plus the caller's words (``say``), from the next frame on. With
+    ``echo=False``, a handset's: the caller's words only."""
 
-    def __init__(self, rate: int, delay_s: float) -> None:
-        self.echo = EchoPath(rate, delay_s)
+    def __init__(self, rate: int, delay_s: float, echo: bool = True) -> None:
+        self.echo = EchoPath(rate, delay_s) if echo else None
         self._words = np.zeros(0, dtype=np.float32)  # the caller's, not picked up yet
 
     def say(self, samples: np.ndarray) -> None:
@@ -99,7 +100,7 @@ class Microphone:
 
     def hear(self, played: np.ndarray) -> np.ndarray:
         """What the microphone picks up while the loudspeaker plays ``played`` (float, as long)."""
-        mic = self.echo.hear(played)
+        mic = self.echo.hear(played) if self.echo is not None else np.zeros(len(played), np.float32)
         words, self._words = self._words[: len(mic)], self._words[len(mic):]
         mic[: len(words)] += words
         return mic
