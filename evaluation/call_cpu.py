@@ -205,9 +205,15 @@ async def _window(pids: dict[str, int], seconds: float) -> dict[str, float]:
     }
 
 
-async def measure_server(target: ServerProcess, calls: int, seconds: float,
-                         question: np.ndarray) -> dict[str, Any]:
+async def measure_server(target: ServerProcess, calls: int, seconds: float, question: np.ndarray,
+                         audio_input: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``calls`` calls talking to ``target`` for ``seconds``; each first sets ``audio_input``
+    (``session.update``'s ``audio.input`` fields: echo cancellation, noise reduction) if given."""
     opened: list[Call] = [await open_call(target) for _ in range(calls)]
+    for call in opened if audio_input is not None else []:
+        call.peer.send({"type": "session.update",
+                        "session": {"type": "realtime", "audio": {"input": audio_input}}})
+        await call.wait_event("session.updated")
     talkers = [asyncio.create_task(_talk(c.mic, question)) for c in opened]  # type: ignore[arg-type]
     try:
         await asyncio.sleep(WARMUP_S)
