@@ -54,6 +54,11 @@ class EchoCanceller:
         self._held = np.zeros(AEC_DELAY, dtype=np.float32)  # the caller's audio, delayed as AEC3's
         self.presence = EchoPresence()
 
+    def resume(self) -> None:
+        """Frames come again after a gap (the agent was silent): what was held before it is
+        not the caller's audio of now."""
+        self._held = np.zeros(AEC_DELAY, dtype=np.float32)
+
     def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
         """One frame of the caller's audio, ``far`` what played at the same moment."""
         self._apm.process_reverse_stream(self._far.load(far))

@@ -83,6 +83,7 @@ class AudioFrontEnd:
         self.gate: TalkGate | None = None  # near_field's, after the suppressor
         self._wanted: tuple[bool, str | None] = (False, None)  # (echo, noise) being done
         self._engaged = False  # whether the audio goes through the stages now (see _run)
+        self._echo_due = False  # whether the agent's echo may be in the caller's audio now
         self._pending = np.zeros(0, dtype=np.float32)  # near-end samples short of a frame
         self._out = np.zeros(FRAME, dtype=np.float32)  # processed samples not returned yet
         self._near_end: int | None = None  # timeline position after the last near-end sample
@@ -150,13 +151,21 @@ class AudioFrontEnd:
                                            abs(start - self._near_end) <= JITTER_S * RATE):
             start = self._near_end  # continuous with the audio before it
         self._near_end = start + len(samples)
-        # Echo cancellation alone engages only while an echo may come back (the agent's audio and
-        # its tail): the rest of the time the caller's audio passes untouched and without the
-        # stages' delay, and AEC3 sees neither stream, so the two stay aligned across the gap.
-        # Engaging delays the audio by ~18 ms (its first samples are silence), disengaging drops
-        # the ~18 ms held: as the agent starts, and ECHO_TAIL_S after it ended.
-        needed = self._noise is not None or self.far_end.playing(
+        # Echo cancellation runs only while an echo may come back (the agent's audio and its
+        # tail): the rest of the time AEC3 sees neither stream, so the two stay aligned across the
+        # gap, and its echo presence learns from echo-time audio only (fed the caller's own words
+        # with a silent far end, it took the next answer's start for no echo and let it through).
+        # Alone, it engages the front end only then: the caller's audio passes untouched and
+        # without the stages' delay the rest of the time. Engaging delays the audio by ~18 ms (its
+        # first samples are silence), disengaging drops the ~18 ms held: as the agent starts, and
+        # ECHO_TAIL_S after it ended (with noise reduction on, ~8 ms: AEC3's own delay).
+        echo_due = self.echo is not None and self.far_end.playing(
             start - int(ECHO_TAIL_S * RATE), self._near_end)
+        if echo_due and not self._echo_due:
+            assert self.echo is not None
+            self.echo.resume()
+        self._echo_due = echo_due
+        needed = self._noise is not None or echo_due
         if not needed:
             self._engaged = False
             return samples
@@ -170,7 +179,8 @@ class AudioFrontEnd:
         processed = [self._out]
         for offset in range(0, whole, FRAME):
             frame = near[offset : offset + FRAME]
-            if self.echo is not None:
+            if echo_due:
+                assert self.echo is not None
                 frame = self.echo.process(frame, self.far_end.read(first + offset, FRAME))
             if self._noise is not None:
                 cleaned = self._noise.process(frame)

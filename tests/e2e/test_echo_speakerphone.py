@@ -6,7 +6,8 @@ that plays the agent's audio as it comes, in real time, and whose microphone hea
 
 With echo cancellation (the default) the agent answers to its end; without it (the session's
 ``audio.input.echo_cancellation: false``) the agent hears itself and interrupts itself. Double
-talk: the caller's words over the echo interrupt as the VAD allows.
+talk: the caller's words over the echo interrupt as the VAD allows, with and without ``near_field``
+noise suppression.
 """
 
 from __future__ import annotations
@@ -142,8 +143,11 @@ def audio_input(**fields: Any) -> dict[str, Any]:
     return {"type": "realtime", "audio": {"input": fields}}
 
 
-async def test_with_echo_cancellation_the_agent_answers_to_its_end(port: int) -> None:
-    phone = await call(port, audio_input())
+@pytest.mark.parametrize("noise_reduction", [None, {"type": "near_field"}], ids=["plain", "near_field"])
+async def test_with_echo_cancellation_the_agent_answers_to_its_end(port: int, noise_reduction: Any) -> None:
+    """Also with ``near_field`` suppression on, which keeps the front end engaged while the caller
+    speaks: the echo's presence is learnt from the agent's turns only."""
+    phone = await call(port, audio_input(noise_reduction=noise_reduction))
     done = phone.of("response.done")
     assert [d["response"]["status"] for d in done] == ["completed"], done
     assert len(phone.of("input_audio_buffer.speech_started")) == 1  # the question only
@@ -160,10 +164,13 @@ async def test_without_echo_cancellation_the_agent_interrupts_itself(port: int) 
     assert phone.played < ANSWER_SAMPLES - RATE, phone.played / RATE
 
 
-async def test_the_callers_words_over_the_echo_interrupt_it(port: int) -> None:
+@pytest.mark.parametrize("noise_reduction", [None, {"type": "near_field"}], ids=["plain", "near_field"])
+async def test_the_callers_words_over_the_echo_interrupt_it(port: int, noise_reduction: Any) -> None:
     """Double talk: 1.5 s into the answer the caller speaks over its echo; the VAD hears the words
-    (speech_started's onset within 300 ms of them) and the client stops the answer there."""
-    phone = await call(port, audio_input(), interrupt_after_s=1.5)
+    (speech_started's onset within 300 ms of them) and the client stops the answer there; also
+    with ``near_field`` suppression, whose talk gate must not take the caller for background."""
+    phone = await call(port, audio_input(noise_reduction=noise_reduction), interrupt_after_s=1.5)
+    assert phone.of("session.updated")[-1]["session"]["audio"]["input"]["noise_reduction"] == noise_reduction
     starts = phone.of("input_audio_buffer.speech_started")
     assert len(starts) == 2, [e["type"] for e in phone.events]
     voiced = np.flatnonzero(np.abs(speech(INTERRUPTION, RATE, 0.0, 0.5, voice="en-us+f3")) > 0.02)
