@@ -113,6 +113,51 @@ class SessionDefaults(BaseModel):
                              echo_cancellation=transport != "webrtc" if echo is None else echo)
 
 
+class TransferTarget(BaseModel):
+    """One place the ``transfer_call`` tool may send a SIP call: the model names it, never its URI."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uri: str = Field(max_length=1024, description="a sip:, sips: or tel: URI (the REFER's Refer-To)")
+    description: str | None = Field(default=None, max_length=500,
+                                    description="who answers there, for the model to choose by")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _uri_alone(cls, data: Any) -> Any:
+        """``desk: sip:desk@pbx.example`` is short for ``desk: {uri: sip:desk@pbx.example}``."""
+        return {"uri": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _referable(self) -> TransferTarget:
+        from duplex.transports.sip.refer import valid_target  # the same check /refer makes
+
+        if not valid_target(self.uri):
+            raise ValueError(f"{self.uri!r} is not a sip:, sips: or tel: URI a REFER can name")
+        return self
+
+
+class TransferCallSettings(BaseModel):
+    """The built-in ``transfer_call`` tool (duplex/tools/transfer_call.py), the preset's
+    ``transfer_call:`` section: when enabled, the model of a SIP call is offered it beside the
+    client's tools and may hand the call on to one of ``targets`` (a REFER, as ``/refer`` sends)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    targets: dict[str, TransferTarget] = Field(default_factory=dict, max_length=32)
+
+    @model_validator(mode="after")
+    def _targets_named(self) -> TransferCallSettings:
+        bad = [name for name in self.targets if not (
+            0 < len(name) <= 64 and name.isascii() and name.replace("_", "a").replace("-", "a").isalnum())]
+        if bad:
+            raise ValueError(f"target names are 1-64 letters, digits, '_' or '-': {bad}")
+        if self.enabled and not self.targets:
+            raise ValueError("transfer_call.enabled needs at least one target")
+        return self
+
+
 class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -154,6 +199,9 @@ class ServerSettings(BaseModel):
     # Seconds a ringing call waits for /accept or /reject before it is refused with 480. Below
     # 64*T1 (32 s), when the caller's INVITE transaction gives up.
     call_decision_timeout_s: float = Field(default=10.0, gt=0, le=30)
+    # The built-in transfer_call tool that SIP calls' models are offered, and where it may send
+    # a call (TransferCallSettings); off by default.
+    transfer_call: TransferCallSettings = Field(default_factory=TransferCallSettings)
     pipeline_mode: Literal["process", "inproc"] = "process"
     voices: list[str] = Field(default_factory=lambda: ["default"])
     session: SessionDefaults = Field(default_factory=SessionDefaults)

@@ -157,6 +157,7 @@ class CallWait:
             self._waiting[call_id] = self._position
         call = response.call.call if response.call is not None else None
         if (self._text is not None and call is not None and _client_waits(call)
+                and not response.call_answered_by_server
                 and response.generation_done and response.cancel_reason is None):
             self._waiting[call.call_id] = self._position
         return None

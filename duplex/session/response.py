@@ -49,7 +49,7 @@ from duplex.protocol.response_create import ResponseSpec
 from duplex.session.conversation import Conversation
 from duplex.session.history import Item, voiced_tokens
 from duplex.session.model_pipeline import ModelPipeline
-from duplex.session.response_call import ResponseCall
+from duplex.session.response_call import ResponseCall, ServerFunction
 from duplex.tools.mcp_items import McpCall
 from duplex.tools.mcp_session import McpTools
 from pipeline.coordinator import PipelineError, PipelineOverloaded
@@ -90,6 +90,10 @@ class ResponseHost(Protocol):
 
     def on_mcp_call(self, response: Response, running: bool) -> None:
         """The response's MCP call began to run (``running``), or is over."""
+
+    @property
+    def server_function(self) -> ServerFunction | None:
+        """The function tool the session's transport runs itself, if it has one."""
 
 
 async def _no_chunks() -> AsyncIterator[OutputChunk]:
@@ -150,6 +154,11 @@ class Response:
     def call(self) -> Item | None:
         """The call item of the response, once the model started one."""
         return self._response_call.item
+
+    @property
+    def call_answered_by_server(self) -> bool:
+        """Whether the server gives the call's output (its transport's function)."""
+        return self._response_call.server_answers
 
     @property
     def follow_up(self) -> ResponseSpec | None:

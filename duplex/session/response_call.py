@@ -1,5 +1,6 @@
-"""The call a response makes: a function call for the client to run, or a call of a tool of an MCP
-server (``duplex.tools``), which the server runs itself.
+"""The call a response makes: a function call for the client to run, a call of a tool of an MCP
+server (``duplex.tools``), which the server runs itself, or a call of a function the session's
+transport runs itself (the SIP transport's ``transfer_call``, duplex/tools/transfer_call.py).
 
 The model's ``function_call`` chunks (a name, then argument deltas) build the response's one call
 item: a :class:`~duplex.session.history.FunctionCall` (``response.function_call_arguments.delta``),
@@ -13,6 +14,15 @@ An MCP call runs once the model's answer ended (``response.mcp_call.in_progress`
 joins the history and ``follow_up`` is the response the session starts to answer it. A response
 that runs an approved call (``McpTools.take_approved``) generates nothing: it only runs the call.
 
+A call of the transport's function is a ``function_call`` item like a client's, but the server
+answers it: once the answer's audio played out (the agent's "transferring you now" is heard first)
+its arguments are done (``response.function_call_arguments.done``), the function runs, and its
+output joins the conversation as a ``function_call_output`` item (``conversation.item.added`` /
+``.done``) as soon as it is known, before the call item's ``response.output_item.done``. The
+response waits for it (a cancelled response stops waiting; the output still joins when it comes).
+Where the function asks for a reply (a transfer failed, or could not start), ``follow_up`` is a
+response, offered no tools, in which the model tells the caller.
+
 A :class:`ResponseCall` belongs to one :class:`~duplex.session.response.Response` and lives as
 long as it; it sends its events through the response's host and numbers its item in the
 response's outputs.
@@ -23,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from duplex.protocol.events import event, function_call_item, item_added, new_id
 from duplex.protocol.items import wire_item
@@ -34,6 +45,34 @@ from duplex.tools.mcp_session import McpTarget
 
 if TYPE_CHECKING:
     from duplex.session.response import ResponseHost
+
+
+class ServerFunction(Protocol):
+    """A function tool the session's transport runs itself (the SIP transport's transfer_call,
+    duplex/tools/transfer_call.py), which the session offers its model beside the client's."""
+
+    name: str
+
+    def offered(self, functions: list[dict[str, Any]], choice: str | dict[str, Any],
+                ) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
+        """The tools a response offers the model, this one added where ``offers`` says so."""
+
+    def offers(self, tools: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> bool:
+        """Whether it is offered beside the response's ``tools`` (no client function has its name)."""
+
+    def run(self, arguments: str, answered: Callable[[str, bool], None]) -> None:
+        """Run the model's call; ``answered(output, reply)`` once, when its output is known
+        (``reply``: the model should tell the caller now)."""
+
+
+def transport_function(host: ResponseHost, spec: ResponseSpec) -> ServerFunction | None:
+    """The session's server function, where the response offers it: its tool choice is not
+    ``none`` and no client function has its name."""
+    tool = host.server_function
+    if tool is None or spec.tool_choice == "none" or not tool.offers(spec.tools):
+        return None
+    return tool
+
 
 class ResponseCall:
     """One response's call item, where the model makes one (module doc)."""
@@ -50,9 +89,17 @@ class ResponseCall:
         self._log = log
         # The MCP tools the response offers, by name; an approved MCP call it runs (no model).
         self._targets = host.mcp.targets(spec.tools) if spec.tool_choice != "none" else {}
+        self._function = transport_function(host, spec)
+        self._server_answers = False  # the call item is the transport function's
+        self._arguments_told = False  # its response.function_call_arguments.done went out
         self.approved = host.mcp.take_approved() if conversation_id is not None else None
         self.item: Item | None = None  # the call item, once the model starts one
         self.follow_up: ResponseSpec | None = None  # answers the MCP call the response ran
+
+    @property
+    def server_answers(self) -> bool:
+        """Whether the call item is the server function's: the server gives its output."""
+        return self._server_answers
 
     def on_piece(self, piece: dict[str, Any]) -> None:
         """A piece of the model's call: its name and an arguments delta."""
@@ -62,6 +109,7 @@ class ResponseCall:
             call: FunctionCall
             if target is None:
                 call = FunctionCall(new_id("call"), name)
+                self._server_answers = self._function is not None and name == self._function.name
             elif target.needs_approval:
                 call = McpApprovalRequest(new_id("call"), name, server_label=target.server_label)
             else:
@@ -113,6 +161,8 @@ class ResponseCall:
         the history."""
         item = self.item
         call = item.call if item is not None else None
+        if item is not None and call is not None and self._server_answers and not cancelled():
+            return await self._run_function(item, call, until_cancelled, cancelled)
         if item is None or not isinstance(call, McpCall) or cancelled():
             return
         send, index = self._host.send, self._outputs[item.id]
@@ -134,6 +184,34 @@ class ResponseCall:
             self._host.conversation.add(Item(new_id("item"), "user", call=result_call(call)))
             self.follow_up = self._host.mcp.follow_up(self._spec)
 
+    async def _run_function(self, item: Item, call: FunctionCall,
+                            until_cancelled: Callable[[Awaitable[Any]], Awaitable[None]],
+                            cancelled: Callable[[], bool]) -> None:
+        """Run the call of the transport's function and wait for its output (module doc)."""
+        assert self._function is not None
+        self._arguments_told = True
+        self._host.send(event("response.function_call_arguments.done", response_id=self._response_id,
+                              item_id=item.id, output_index=self._outputs[item.id],
+                              call_id=call.call_id, name=call.name, arguments=call.arguments))
+        outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def answered(output: str, reply: bool) -> None:
+            # Called by the transport as the outcome comes (a completed transfer ends the call
+            # right after): the output joins the conversation now, whether or not the response
+            # still waits.
+            if self._conversation_id is not None:
+                result = FunctionCall(call.call_id, call.name, output=output)
+                self._host.conversation.create(Item(new_id("item"), "user", call=result))
+            if not outcome.done():
+                outcome.set_result(reply)
+
+        self._log.info("response %s: the server runs %s", self._response_id, call.name)
+        self._function.run(call.arguments, answered)
+        await until_cancelled(outcome)
+        if outcome.done() and outcome.result() and not cancelled() \
+                and self._conversation_id is not None and self._spec.input is None:
+            self.follow_up = replace(self._spec, tool_choice="none", input=None)
+
     async def _call(self, target: McpTarget | None, call: McpCall,
                     until_cancelled: Callable[[Awaitable[Any]], Awaitable[None]],
                     ) -> tuple[str | None, dict[str, Any] | None]:
@@ -153,9 +231,10 @@ class ResponseCall:
         if isinstance(call, McpCall | McpApprovalRequest):
             wire = wire_item(item)
         else:
-            send(event("response.function_call_arguments.done", response_id=self._response_id,
-                       item_id=item.id, output_index=index, call_id=call.call_id, name=call.name,
-                       arguments=call.arguments))
+            if not self._arguments_told:
+                send(event("response.function_call_arguments.done", response_id=self._response_id,
+                           item_id=item.id, output_index=index, call_id=call.call_id,
+                           name=call.name, arguments=call.arguments))
             wire = function_call_item(item.id, call.call_id, call.name, call.arguments,
                                       "completed" if status == "completed" else "incomplete")
         send(event("response.output_item.done", response_id=self._response_id,

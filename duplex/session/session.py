@@ -58,6 +58,7 @@ from duplex.session.model_state import KeptModelState
 from duplex.session.prefill import TurnPrefill
 from duplex.session.requests import RequestBuilder
 from duplex.session.response import Response
+from duplex.session.response_call import ServerFunction
 from duplex.session.speculation import Speculation, Speculator
 from duplex.session.states import BargeIn, PendingInterruption, SessionTransport, State
 from duplex.settings import SessionDefaults
@@ -105,7 +106,9 @@ class Session:
         self._requests = RequestBuilder(defaults, self.history, self._model_state, session_id)
         # MCP servers the session's tools name (duplex/tools): connected on session.update.
         self.mcp = McpTools(self.send, self.conversation, {"session_id": session_id})
-        self._requests.offered = self.mcp.offered
+        # A function the transport runs itself (the SIP call's transfer_call), set by it.
+        self.server_function: ServerFunction | None = None
+        self._requests.offered = self._offered
         self._speculator = Speculator(pipeline, self._judge.hear, self._model_state.withdraw,
                                       {"session_id": session_id})
         piece_s = defaults.prefill_piece_s if defaults.keep_model_state else 0
@@ -441,6 +444,15 @@ class Session:
     def answer_turn(self, turn_end_at: float) -> None:
         """Answer the turn that ended at ``turn_end_at`` (deferred while a response was cancelled)."""
         self.start_response(turn_end_at=turn_end_at)
+
+    def _offered(self, tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any],
+                 ) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
+        """What the model is offered for a response's tools: its MCP servers' tools in place of
+        theirs, and the transport's own function beside them."""
+        functions, choice = self.mcp.offered(tools, choice)
+        if self.server_function is not None:
+            functions, choice = self.server_function.offered(functions, choice)
+        return functions, choice
 
     def history_request(self, spec: ResponseSpec) -> OmniRequest:
         """The request that answers the history as ``spec`` says (a filler said inside a response

@@ -25,7 +25,10 @@ A phone call has no events channel of its own: server events go to the recording
 and to the call's sideband while one is attached (sideband.py: ``GET /v1/realtime?call_id=…``);
 otherwise they are dropped (the session log keeps the story). A transfer (``refer``, the API's
 ``/refer``) reports its progress as server events (``call.transfer.progress``, then
-``call.transfer.completed`` or ``call.transfer.failed``). The call ends once, whoever ends it:
+``call.transfer.completed`` or ``call.transfer.failed``). Where the preset enables it
+(``transfer_call:``), the call's model is offered the built-in ``transfer_call`` tool
+(duplex/tools/transfer_call.py), whose calls the server runs through the same ``refer``: the call is
+its :class:`~duplex.tools.transfer_call.TransferableCall`. The call ends once, whoever ends it:
 ``on_ended`` from the stack (BYE, CANCEL, media timeout, a completed transfer, server close) or
 the server hanging up (registry, shutdown) through ``CallControl``.
 """
@@ -52,6 +55,7 @@ from duplex.session.config import SessionConfig
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
+from duplex.tools.transfer_call import TransferCall, TransferImpossible
 from duplex.transports.binding import Closing, SessionBinding
 from duplex.transports.sip.dial import DialError
 from duplex.transports.sip.handler import (
@@ -60,6 +64,8 @@ from duplex.transports.sip.handler import (
     CallControl,
     CallRefused,
     EndReason,
+    InvalidTarget,
+    ReferError,
     SipCallInfo,
 )
 from duplex.transports.sip.outbound import DialledCall, OutboundCalls
@@ -110,6 +116,12 @@ class SipSessionCall:
         self.forget: Callable[[EndReason], object] = lambda reason: None
         self.sideband: Sideband | None = None  # the app's WebSocket on the call, while attached
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
+        # The built-in transfer_call tool, which the session offers its model and runs.
+        self.server_function: TransferCall | None = None
+        if settings.transfer_call.enabled:
+            self.server_function = TransferCall(settings.transfer_call, self, {"session_id": self.id})
+            # Offered beside the client's tools; the session runs the model's calls of it.
+            self.session.server_function = self.server_function
 
     def start(self) -> None:
         """Admit the session (raises TooManySessions) and start it."""
@@ -119,11 +131,24 @@ class SipSessionCall:
                       self.info.to_uri if self.info.outbound else self.info.from_uri,
                       self.info.codec, self.info.dtmf)
 
-    def refer(self, target_uri: str) -> None:
-        """Transfer the call to ``target_uri`` (a REFER to the caller); raises InvalidTarget or
-        ReferError (handler.py)."""
-        self._control.refer(target_uri, lambda status, reason, outcome: self._transfer_event(
-            target_uri, status, reason, outcome))
+    def refer(self, target_uri: str,
+              listener: Callable[[int, str, str], None] | None = None) -> None:
+        """Transfer the call to ``target_uri`` (a REFER to the caller), reporting its progress as
+        server events, then to ``listener(status, reason, outcome)`` if given; raises
+        InvalidTarget or ReferError (handler.py). The API's ``/refer`` and ``transfer_call``."""
+        def progress(status: int, reason: str, outcome: str) -> None:
+            self._transfer_event(target_uri, status, reason, outcome)
+            if listener is not None:
+                listener(status, reason, outcome)
+
+        self._control.refer(target_uri, progress)
+
+    def transfer(self, target_uri: str, on_progress: Callable[[int, str, str], None]) -> None:
+        """TransferableCall (duplex/tools/transfer_call.py): ``refer`` for the model's tool."""
+        try:
+            self.refer(target_uri, on_progress)
+        except (InvalidTarget, ReferError) as err:
+            raise TransferImpossible(str(err)) from None
 
     def _transfer_event(self, target_uri: str, status: int, reason: str, outcome: str) -> None:
         """The transfer's progress as server events (docs/operators.md names them)."""
@@ -196,6 +221,8 @@ class SipSessionCall:
                       self._received / SAMPLE_RATE)
         self.queue.close()
         self.forget(reason)
+        if self.server_function is not None:
+            self.server_function.close()
         if self.sideband is not None:
             self.sideband.call_ended()
         if self._ending is None:
