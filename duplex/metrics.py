@@ -83,6 +83,14 @@ SESSIONS_AWAITING_RESUME = Gauge(
 )
 for _transport in TRANSPORTS:
     SESSIONS_AWAITING_RESUME.labels(_transport)
+SESSIONS_HELD = Gauge(
+    "duplex_sessions_held",
+    "Slots held for sessions about to start: SIP calls ringing while the app decides, and calls "
+    "being placed (they count against --max-sessions beside duplex_sessions_active)",
+    ["transport"],
+)
+for _transport in TRANSPORTS:
+    SESSIONS_HELD.labels(_transport)
 VIDEO_FRAMES_TOTAL = Counter(
     "duplex_video_frames_total",
     "Decoded frames of WebRTC video tracks, by what became of them (duplex/media/video_window.py): "

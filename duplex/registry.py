@@ -3,7 +3,11 @@
 The registry lives as long as the server. A session holds its slot from ``admit`` until
 ``release`` (idempotent), including while it has no connection and waits for its client to resume
 it (``detach`` … ``attach``, docs/resume.md): such a session counts against the limit, and
-``duplex_sessions_awaiting_resume`` counts it. ``close_all`` ends every session at shutdown.
+``duplex_sessions_awaiting_resume`` counts it. A session about to start (a SIP call ringing while
+the app decides, a call being placed) holds a slot from ``hold`` until ``unhold`` (idempotent),
+which its transport calls as the session is admitted or the call ends unanswered: no session of
+another transport can take that slot meanwhile (``duplex_sessions_held``). ``close_all`` ends
+every session at shutdown.
 """
 
 from __future__ import annotations
@@ -37,12 +41,29 @@ class SessionRegistry:
     def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
         self._slots: dict[str, SessionSlot] = {}
+        self._held: dict[str, str] = {}  # key -> transport: slots held for sessions about to start
 
     def check_room(self) -> None:
-        """Raise TooManySessions when no slot is free: a transport asks before it builds a
-        session (VAD state, buffers) that a refusal would only throw away."""
-        if len(self._slots) >= self.max_sessions:
+        """Raise TooManySessions when no slot is free (held ones are not): a transport asks
+        before it builds a session (VAD state, buffers) that a refusal would only throw away."""
+        if len(self._slots) + len(self._held) >= self.max_sessions:
             raise TooManySessions(f"the server is at its limit of {self.max_sessions} sessions")
+
+    def hold(self, key: str, transport: str) -> None:
+        """Hold a slot for a session about to start (module doc); raises TooManySessions."""
+        self.check_room()
+        self._held[key] = transport
+        metrics.SESSIONS_HELD.labels(transport).inc()
+
+    def unhold(self, key: str) -> None:
+        """The held slot is free again: its session is being admitted, or will never start."""
+        transport = self._held.pop(key, None)
+        if transport is not None:
+            metrics.SESSIONS_HELD.labels(transport).dec()
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
 
     def admit(self, slot: SessionSlot) -> None:
         self.check_room()

@@ -29,6 +29,8 @@ from duplex.app_state import AppState
 from duplex.media.pcm import ulaw_decode
 from duplex.media.recording import file_stem
 from duplex.transports.sip.rtp import RtpPacket
+from harness.mic import ScriptedMic
+from harness.peers import ClientPeer
 from harness.server import free_port, write_preset
 from tests.operators.conftest import SpyPipeline, served, toy_pipeline
 from tests.telephony.peers import SCENARIOS, UdpPeer, rms, sipp, wait_until
@@ -97,7 +99,8 @@ class Service:
 
     def idle(self) -> bool:
         """No call rings and no session is live."""
-        return len(self.state.registry) == 0 and len(self.app.state.ringing_calls) == 0
+        return len(self.state.registry) == 0 and len(self.app.state.ringing_calls) == 0 \
+            and self.state.registry.held == 0
 
 
 @pytest.fixture(scope="module")
@@ -271,15 +274,32 @@ async def test_cancel_while_ringing_leaves_nothing_and_frees_the_slot(service: S
         assert (await service.decide(next_id, "reject", {"status_code": 486})).status_code == 200
 
 
+async def held(service: Service) -> float:
+    """The ``duplex_sessions_held`` gauge of SIP calls (the gauge must be there)."""
+    text = (await service.http.get("/metrics")).text
+    return float(next(line for line in text.splitlines()
+                      if line.startswith('duplex_sessions_held{transport="sip"}')).split()[-1])
+
+
 async def test_a_ringing_call_holds_a_slot(service: Service) -> None:
     async with calling(service, refused(service, 486, rings=True)):
         call_id = await service.receiver.next_call()
-        # max_sessions is 1 and the first call rings: the second is refused at once, unasked.
+        assert await held(service) == 1
+        # max_sessions is 1 and the first call rings: the second is refused at once, unasked,
+        # and so is a WebRTC call: the slot is the ringing call's, whatever the transport.
         async with calling(service, refused(service, 503, rings=False)):
             pass
         assert service.receiver.events.empty()
+        peer = ClientPeer(ScriptedMic())
+        try:
+            offer = await service.http.post("/v1/realtime/calls", content=await peer.offer(),
+                                            headers={"Content-Type": "application/sdp"})
+        finally:
+            await peer.close()
+        assert offer.status_code == 503 and offer.json()["error"]["code"] == "too_many_sessions", offer.text
         assert (await service.decide(call_id, "reject", {"status_code": 486})).status_code == 200
     await wait_until(service.idle)
+    assert await held(service) == 0
 
 
 async def test_unknown_calls_and_bad_statuses(service: Service) -> None:

@@ -66,7 +66,7 @@ class Service:
 
     async def nothing_left(self) -> None:
         await wait_until(lambda: len(self.state.registry) == 0 and not self.agent.live
-                         and not self.agent.outbound.placing())
+                         and self.state.registry.held == 0)
         assert await self.sessions_active() == 0
         assert all(port_is_free(port) for port in range(RTP_PORTS[0], RTP_PORTS[1], 2))
 
@@ -171,7 +171,7 @@ async def test_refused_requests_send_nothing(service: Service, body: dict[str, A
         assert (error["code"], error["param"]) == (code, param), error
         await asyncio.sleep(0.6)  # past T1: an INVITE would have been sent, and sent again
         assert all(w.queue.empty() for w in watchers)
-        assert not service.agent.outbound.placing() and set(service.agent.server.dialling) == before
+        assert service.state.registry.held == 0 and set(service.agent.server.dialling) == before
     finally:
         for watcher in watchers:
             watcher.close()

@@ -49,7 +49,7 @@ from duplex.media.frame_queue import FrameQueue
 from duplex.media.pcm import pcm16_to_float
 from duplex.media.playout import PacedPlayout
 from duplex.media.resample import Resampler
-from duplex.protocol.events import event
+from duplex.protocol.events import event, new_id
 from duplex.registry import SessionRegistry, TooManySessions
 from duplex.session.config import SessionConfig
 from duplex.session.model_pipeline import ModelPipeline
@@ -57,7 +57,7 @@ from duplex.session.session import Session
 from duplex.settings import ServerSettings
 from duplex.tools.transfer_call import TransferCall, TransferImpossible
 from duplex.transports.binding import Closing, SessionBinding
-from duplex.transports.sip.dial import DialError
+from duplex.transports.sip.dial import DialError, Dialling
 from duplex.transports.sip.handler import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
@@ -68,7 +68,7 @@ from duplex.transports.sip.handler import (
     ReferError,
     SipCallInfo,
 )
-from duplex.transports.sip.outbound import DialledCall, OutboundCalls
+from duplex.transports.sip.outbound import PLACING, DialledCall, OutboundCalls
 from duplex.transports.sip.ringing import RingingCalls
 from duplex.transports.sip.server import SipServer
 from duplex.transports.sip.sideband import Sideband, SidebandInUse
@@ -247,13 +247,12 @@ class SipAgent:
         self.live: dict[str, SipSessionCall] = {}
         self.outbound = OutboundCalls()  # the calls it placed (outbound.py)
         self.server: SipServer | None = None  # places its calls; set by serve.py once it exists
-        self._dialling = 0  # dial() calls between their room check and their table entry
 
     def __call__(self, call: SipCallInfo,
                  control: CallControl) -> SipSessionCall | Awaitable[SipSessionCall]:
         if self._ringing is None:
             return self._answer(call, control, None)
-        self._check_room()
+        self._hold(session_id(call.call_id))
         return self._decided(call, control, self._ringing)
 
     async def dial(self, target_uri: str, config: SessionConfig,
@@ -263,48 +262,62 @@ class SipAgent:
         SIP server off or unable: 503), InvalidTarget (400) before anything is sent."""
         if self.server is None:
             raise CallRefused(503, "the SIP server is not running")
-        self._check_room()
-        self._dialling += 1  # counted from here: dial() awaits before the call is in the table
+        # The slot is held from here until the callee answers (the session takes it) or the call
+        # ends unanswered; dial() awaits before the call has its id, so the hold has its own key.
+        hold = new_id("dial")
+        self._hold(hold)
+
+        def progress(dialling: Dialling) -> None:
+            self.outbound.progress(session_id(dialling.call_id), dialling)
+            if dialling.state not in PLACING:
+                self._registry.unhold(hold)
+
         try:
             dialling = await self.server.dial(
-                target_uri, lambda info, control: self._answer(info, control, config),
-                lambda progress: self.outbound.progress(session_id(progress.call_id), progress),
-                ring_timeout_s)
+                target_uri, lambda info, control: self._answer(info, control, config, hold),
+                progress, ring_timeout_s)
         except DialError as err:
+            self._registry.unhold(hold)
             raise CallRefused(503, str(err), retry_after=5) from None
-        finally:
-            self._dialling -= 1
+        except BaseException:
+            self._registry.unhold(hold)
+            raise
         call = DialledCall(session_id(dialling.call_id), target_uri, dialling)
         self.outbound.add(call)
         return call
 
-    def _check_room(self) -> None:
-        """Refuse a call that would ring, or be placed, beyond ``--max-sessions``: ringing calls
-        and calls being placed count beside the live sessions (the registry's own check_room
-        knows only the live ones)."""
+    def _hold(self, key: str) -> None:
+        """Hold a session slot for a call that rings, or is placed, until its session starts or
+        it ends unanswered (the registry's holds: no session of any transport takes it
+        meanwhile); refuse the call where none is free or there is no pipeline."""
         if self._pipeline() is None:
             raise CallRefused(503, "Service Unavailable", retry_after=5)
-        ringing = len(self._ringing) if self._ringing is not None else 0
-        held = len(self._registry) + ringing + self.outbound.placing() + self._dialling
-        if held >= self._registry.max_sessions:
-            raise CallRefused(503, "Service Unavailable", retry_after=TooManySessions.retry_after_s)
+        try:
+            self._registry.hold(key, "sip")
+        except TooManySessions as err:
+            raise CallRefused(503, "Service Unavailable", retry_after=err.retry_after_s) from None
 
     async def _decided(self, call: SipCallInfo, control: CallControl,
                        ringing: RingingCalls) -> SipSessionCall:
         """Ring while the app decides (ringing.py), then answer with the config it accepted."""
-        with ringing.ringing(session_id(call.call_id), call) as waiting:
-            control.ring()
-            config = await ringing.decision(waiting)
-            try:
-                session_call = self._answer(call, control, config)
-            except CallRefused as refused:  # no room after all, or the pipeline restarts
-                waiting.answered.set_result(refused)
-                raise
-            waiting.answered.set_result(None)
-            return session_call
+        hold = session_id(call.call_id)  # held by __call__
+        try:
+            with ringing.ringing(hold, call) as waiting:
+                control.ring()
+                config = await ringing.decision(waiting)
+                try:
+                    session_call = self._answer(call, control, config, hold)
+                except CallRefused as refused:  # the pipeline restarts
+                    waiting.answered.set_result(refused)
+                    raise
+                waiting.answered.set_result(None)
+                return session_call
+        finally:
+            self._registry.unhold(hold)
 
     def _answer(self, call: SipCallInfo, control: CallControl,
-                config: SessionConfig | None) -> SipSessionCall:
+                config: SessionConfig | None, hold: str | None = None) -> SipSessionCall:
+        """Start the call's session (with ``config``), in the slot ``hold`` kept for it, if any."""
         pipeline = self._pipeline()
         if pipeline is None:
             raise CallRefused(503, "Service Unavailable", retry_after=5)
@@ -312,6 +325,8 @@ class SipAgent:
                                       self._model_name)
         if config is not None:
             session_call.session.reconfigure(config)
+        if hold is not None:
+            self._registry.unhold(hold)  # the session takes it now: nothing runs in between
         try:
             session_call.start()
         except TooManySessions as err:

@@ -8,8 +8,8 @@ for it here, which the stack's progress reports keep current:
 answer the server could not take), ``cancelled`` (the app hung up: CANCEL) or ``no_answer`` (the
 ring timeout: CANCEL). ``sip_status`` and ``reason`` are the latest SIP status and why it ended.
 
-A call being placed counts against ``--max-sessions`` beside the live sessions and the ringing
-calls (agent.py). :class:`OutboundCalls` lives as long as the server; it keeps the calls being
+A call being placed holds a session slot (the registry's ``hold``, agent.py) from its INVITE until
+its session takes it or it ends unanswered. :class:`OutboundCalls` lives as long as the server; it keeps the calls being
 placed or live, and the last :data:`KEPT` that are over (for ``GET /v1/realtime/calls/{id}``),
 dropping older ones as new calls come: a bounded table whatever the number of calls.
 """
@@ -58,10 +58,6 @@ class OutboundCalls:
 
     def get(self, call_id: str) -> DialledCall | None:
         return self._calls.get(call_id)
-
-    def placing(self) -> int:
-        """Calls sent but not answered yet: they hold no session slot, but will."""
-        return sum(1 for call in self._calls.values() if call.state in PLACING)
 
     def add(self, call: DialledCall) -> None:
         self._calls[call.id] = call

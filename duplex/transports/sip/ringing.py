@@ -13,8 +13,8 @@ With a webhook, the agent (agent.py) does not answer a new SIP call itself. It p
 
 Each entry lives from the INVITE until the call is answered, refused, cancelled by the caller or
 timed out, and is removed in :meth:`RingingCalls.ringing`'s exit whichever way it ends (a CANCEL
-cancels the agent's wait, handler.py). Ringing calls count against ``--max-sessions`` beside the
-live sessions (agent.py). The table lives as long as the server.
+cancels the agent's wait, handler.py). A ringing call holds a session slot
+(the registry's ``hold``, agent.py): no session of any transport takes it while the app decides. The table lives as long as the server.
 """
 
 from __future__ import annotations
