@@ -41,7 +41,7 @@ from duplex.protocol.items import wire_item
 from duplex.protocol.response_create import ResponseSpec
 from duplex.session.history import FunctionCall, Item
 from duplex.tools.mcp_items import McpApprovalRequest, McpCall, result_call
-from duplex.tools.mcp_session import McpTarget
+from duplex.tools.mcp_session import McpTarget, McpTools
 
 if TYPE_CHECKING:
     from duplex.session.response import ResponseHost
@@ -63,6 +63,24 @@ class ServerFunction(Protocol):
     def run(self, arguments: str, answered: Callable[[str, bool], None]) -> None:
         """Run the model's call; ``answered(output, reply)`` once, when its output is known
         (``reply``: the model should tell the caller now)."""
+
+
+class OfferedTools:
+    """What the model is offered for a response's tools and tool choice: its MCP servers' tools
+    in place of theirs, and the transport's own function (``function``, set by the transport)
+    beside them. One per session, its request builder's ``offered``; it refers to the session's
+    McpTools and function, never to the session (a bound method of it would make a cycle)."""
+
+    def __init__(self, mcp: McpTools) -> None:
+        self._mcp = mcp
+        self.function: ServerFunction | None = None
+
+    def __call__(self, tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any],
+                 ) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
+        functions, choice = self._mcp.offered(tools, choice)
+        if self.function is not None:
+            functions, choice = self.function.offered(functions, choice)
+        return functions, choice
 
 
 def transport_function(host: ResponseHost, spec: ResponseSpec) -> ServerFunction | None:

@@ -58,7 +58,7 @@ from duplex.session.model_state import KeptModelState
 from duplex.session.prefill import TurnPrefill
 from duplex.session.requests import RequestBuilder
 from duplex.session.response import Response
-from duplex.session.response_call import ServerFunction
+from duplex.session.response_call import OfferedTools, ServerFunction
 from duplex.session.speculation import Speculation, Speculator
 from duplex.session.states import BargeIn, PendingInterruption, SessionTransport, State
 from duplex.settings import SessionDefaults
@@ -106,8 +106,7 @@ class Session:
         self._requests = RequestBuilder(defaults, self.history, self._model_state, session_id)
         # MCP servers the session's tools name (duplex/tools): connected on session.update.
         self.mcp = McpTools(self.send, self.conversation, {"session_id": session_id})
-        # A function the transport runs itself (the SIP call's transfer_call), set by it.
-        self.server_function: ServerFunction | None = None
+        self._offered = OfferedTools(self.mcp)
         self._requests.offered = self._offered
         self._speculator = Speculator(pipeline, self._judge.hear, self._model_state.withdraw,
                                       {"session_id": session_id})
@@ -148,6 +147,16 @@ class Session:
     def barge_in(self) -> BargeIn:
         """The barge-in sub-state (:mod:`duplex.session.interruptions`), None without one."""
         return self._interruptions.state
+
+    @property
+    def server_function(self) -> ServerFunction | None:
+        """A function the transport runs itself (the SIP call's transfer_call), offered to the
+        model beside the client's tools; set by the transport."""
+        return self._offered.function
+
+    @server_function.setter
+    def server_function(self, function: ServerFunction | None) -> None:
+        self._offered.function = function
 
     @property
     def closed(self) -> bool:
@@ -444,15 +453,6 @@ class Session:
     def answer_turn(self, turn_end_at: float) -> None:
         """Answer the turn that ended at ``turn_end_at`` (deferred while a response was cancelled)."""
         self.start_response(turn_end_at=turn_end_at)
-
-    def _offered(self, tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any],
-                 ) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
-        """What the model is offered for a response's tools: its MCP servers' tools in place of
-        theirs, and the transport's own function beside them."""
-        functions, choice = self.mcp.offered(tools, choice)
-        if self.server_function is not None:
-            functions, choice = self.server_function.offered(functions, choice)
-        return functions, choice
 
     def history_request(self, spec: ResponseSpec) -> OmniRequest:
         """The request that answers the history as ``spec`` says (a filler said inside a response
