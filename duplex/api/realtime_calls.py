@@ -9,11 +9,19 @@ the same path with a JSON body ``{"target_uri": "sip:…", "session": {…}}`` p
 call. A SIP call that rings while the ``--call-webhook`` app decides (transports/sip/ringing.py) is
 answered with ``POST /v1/realtime/calls/{id}/accept`` (a session config: the fields of
 ``session.update``) or refused with ``POST /v1/realtime/calls/{id}/reject`` (``status_code``).
+
+A WebRTC call whose peer connection was lost without a hang-up is resumed (docs/resume.md) by a new
+offer that presents its last ``session.created``'s ``session.resume_token``, as the ``resume_token``
+part of the multipart body or the ``resume_token`` query parameter, with the same API key or client
+secret as the call's first offer: ``201`` with the answer and the same ``Location``, and the
+session goes on through the new peer. A token that is unknown, used, expired or another
+credential's gets ``400`` ``invalid_resume_token``; no session is made. WebRTC calls and WebSocket
+sessions keep their tokens apart (:func:`~duplex.api.call_offers.call_resumes`): a token resumes
+only a session of the transport it was issued on.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Annotated, Any
 
@@ -21,15 +29,15 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.datastructures import FormData
-from starlette.types import Message
 
 from duplex.api.auth import app_state, request_secret, require_key
+from duplex.api.call_offers import Offer, call_resumes, read_offer, request_credential
 from duplex.api.ephemeral_keys import apply_secret_session
-from duplex.api.errors import ERROR_RESPONSES, MAX_BODY_BYTES, APIError, read_body, require_pipeline
+from duplex.api.errors import ERROR_RESPONSES, APIError, read_body, require_pipeline
 from duplex.protocol.session_update import apply_session_update
 from duplex.registry import TooManySessions
 from duplex.session.config import SessionConfig
+from duplex.session.resume import ResumeRefused
 from duplex.settings import SessionDefaults
 from duplex.transports.sip.agent import SipAgent
 from duplex.transports.sip.dial import TargetNotAllowed
@@ -42,7 +50,7 @@ from duplex.transports.sip.ringing import (
     RingingCalls,
 )
 from duplex.transports.webrtc.call import WebRTCCall
-from duplex.transports.webrtc.sdp import SdpError
+from duplex.transports.webrtc.sdp import SdpError, plan_answer
 
 log = logging.getLogger(__name__)
 router = APIRouter(dependencies=[Depends(require_key)], responses=ERROR_RESPONSES)
@@ -78,56 +86,24 @@ OFFER_BODY = {"required": True, "content": {
     "application/sdp": {"schema": {"type": "string"}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["sdp"], "properties": {
         "sdp": {"type": "string"},
-        "session": {"type": "string", "description": "a session configuration (JSON)"}}}},
+        "session": {"type": "string", "description": "a session configuration (JSON)"},
+        "resume_token": {"type": "string", "description": "resume the call whose session.created "
+                         "carried this token (docs/resume.md)"}}}},
     "application/json": {"schema": DialRequest.model_json_schema()},
 }}
+
+RESUME_TOKEN_PARAMETER = {"name": "resume_token", "in": "query", "required": False,
+                          "schema": {"type": "string"}, "description": "resume the call whose "
+                          "session.created carried this token (docs/resume.md)"}
 
 
 class SdpResponse(Response):
     media_type = "application/sdp"
 
 
-async def _offer(request: Request) -> tuple[str, dict[str, Any] | None]:
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind == "application/sdp":
-        body = await read_body(request)
-        try:
-            return body.decode("utf-8"), None
-        except UnicodeDecodeError:
-            raise APIError(400, "the SDP offer is not UTF-8 text", "invalid_sdp") from None
-    if kind == "multipart/form-data":
-        form = await _capped_form(request)
-        sdp = form.get("sdp")
-        if sdp is None:
-            raise APIError(400, "the multipart body has no 'sdp' part", "missing_sdp", param="sdp")
-        sdp_text = sdp if isinstance(sdp, str) else (await sdp.read()).decode("utf-8", "replace")
-        raw_session = form.get("session")
-        session = None
-        if raw_session is not None:
-            text = raw_session if isinstance(raw_session, str) else (await raw_session.read()).decode()
-            try:
-                session = json.loads(text)
-            except ValueError:
-                raise APIError(400, "the 'session' part is not JSON", "invalid_session", param="session") from None
-        return sdp_text, session
-    raise APIError(415, f"unsupported content type {kind or '(none)'!r}: send application/sdp "
-                   "or multipart/form-data with 'sdp' and 'session' parts", "unsupported_content_type")
-
-
-async def _capped_form(request: Request) -> FormData:
-    """The multipart form, read with the body cap enforced while it streams (a chunked body
-    declares no length) and at most the two parts the flow has, each capped too."""
-    body = await read_body(request)
-
-    async def replay() -> Message:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return await Request(request.scope, replay).form(max_files=2, max_fields=2,
-                                                     max_part_size=MAX_BODY_BYTES)
-
-
 @router.post("/v1/realtime/calls", status_code=201, response_class=SdpResponse,
-             openapi_extra={"requestBody": OFFER_BODY}, responses={201: {
+             openapi_extra={"requestBody": OFFER_BODY, "parameters": [RESUME_TOKEN_PARAMETER]},
+             responses={201: {
                  "description": "the SDP answer of a WebRTC call, or a placed SIP call (JSON)",
                  "content": {"application/json": {"schema": CALL_SCHEMA}}}})
 async def create_call(request: Request) -> Response:
@@ -135,16 +111,19 @@ async def create_call(request: Request) -> Response:
     pipeline = require_pipeline(state)
     if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
         return await _dial(request)
-    sdp, session = await _offer(request)
-    call = WebRTCCall(state.settings, state.policy, pipeline, state.registry, state.settings.preset)
+    offer = await read_offer(request)
+    if offer.resume_token is not None:
+        return await _resume(request, offer)
+    call = WebRTCCall(state.settings, state.policy, pipeline, state.registry, state.settings.preset,
+                      call_resumes(request))
     secret = request_secret(request)
     if secret is not None and secret.session is not None:
         apply_secret_session(call.session, secret.session)
-    if session is not None:
-        call.session.reconfigure(_configured(call.session.config, session, call.session.voices,
-                                             call.session.defaults))
+    if offer.session is not None:
+        call.session.reconfigure(_configured(call.session.config, offer.session,
+                                             call.session.voices, call.session.defaults))
     try:
-        answer = await call.start(sdp)
+        answer = await call.start(offer.sdp, request_credential(request))
     except TooManySessions as err:
         await call.peer.close("refused")
         raise APIError(503, str(err), "too_many_sessions", kind="server_error",
@@ -152,6 +131,37 @@ async def create_call(request: Request) -> Response:
     except SdpError as err:
         raise APIError(400, str(err), "invalid_sdp", param="sdp") from None
     log.info("call %s started", call.id)
+    return SdpResponse(answer, status_code=201,
+                       headers={"Location": f"/v1/realtime/calls/{call.id}"})
+
+
+async def _resume(request: Request, offer: Offer) -> Response:
+    """Resume the call ``offer.resume_token`` names through a new peer (module doc). Nothing is
+    used up by a request refused before the token is looked at (a bad offer, a session part)."""
+    if offer.session is not None:
+        raise APIError(400, "a resumed call keeps its session config: send session.update on the "
+                       "events channel instead of a 'session' part", "invalid_session",
+                       param="session")
+    try:
+        plan_answer(offer.sdp, video=True)  # a bad offer costs no token
+    except SdpError as err:
+        raise APIError(400, str(err), "invalid_sdp", param="sdp") from None
+    answer: str | None = None
+    try:
+        call = call_resumes(request).take(offer.resume_token or "", request_credential(request))
+        assert isinstance(call, WebRTCCall)
+        try:
+            answer = await call.resume(offer.sdp)
+        except SdpError as err:
+            raise APIError(400, str(err), "invalid_sdp", param="sdp") from None
+        reason = f"session {call.id} ended while it was being resumed"
+    except ResumeRefused as err:
+        reason = str(err)
+    if answer is None:
+        log.info("call resume refused: %s", reason)
+        raise APIError(400, "the resume token is unknown, already used, expired or another key's",
+                       "invalid_resume_token", param="resume_token")
+    log.info("call %s resumed", call.id)
     return SdpResponse(answer, status_code=201,
                        headers={"Location": f"/v1/realtime/calls/{call.id}"})
 

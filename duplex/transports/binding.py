@@ -3,9 +3,9 @@
 A :class:`SessionBinding` admits the connection (a registry slot, or ``TooManySessions``), starts
 its session, takes client events (rate-limited, parsed here, in one place, and handled one at a
 time, in order, so a handler that awaits is never overtaken), guards the handlers (an unexpected exception becomes
-an ``error`` event and a log line, never a dead handler), optionally ends a connection whose
-inbound audio stopped, and ends everything exactly once: the session (its pipeline request, VAD
-state, history, queued audio) and the slot.
+an ``error`` event and a log line, never a dead handler), and ends everything exactly once: the
+session (its pipeline request, VAD state, history, queued audio) and the slot. (A WebRTC peer
+watches its own inbound audio: webrtc/peer.py.)
 
 It lives as long as its connection; the transport (WebRTC call, WebSocket, ...) owns it and keeps
 only what really differs: how media and events travel, and how the connection itself is closed.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +75,6 @@ class SessionBinding:
 
     def __init__(self, session: Session, registry: SessionRegistry,
                  close_transport: Callable[[Closing], Awaitable[None]],
-                 inbound_timeout_s: float | None = None,
                  shared_budget: TokenBucket | None = None,
                  record_dir: str | None = None) -> None:
         self.session = session
@@ -85,8 +83,6 @@ class SessionBinding:
         self.events = ClientEvents(session)
         self._registry = registry
         self._close_transport = close_transport
-        self._timeout_s = inbound_timeout_s
-        self._last_audio = time.monotonic()
         self._queue: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=MAX_QUEUED_EVENTS)
         self._tasks: list[asyncio.Task[None]] = []
         self._bucket = TokenBucket(EVENT_RATE, EVENT_BURST)
@@ -116,9 +112,6 @@ class SessionBinding:
         self.session.idle.start(self._hang_up)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._handle_queued()))
-        if self._timeout_s is not None:
-            self._last_audio = time.monotonic()
-            self._tasks.append(loop.create_task(self._watch_inbound(self._timeout_s)))
 
     async def ended_within(self, grace_s: float, connection: asyncio.Task[Any] | None) -> None:
         """Wait up to ``grace_s`` for the end, then cancel ``connection`` (the task serving the
@@ -158,7 +151,6 @@ class SessionBinding:
 
     def on_audio(self, samples: np.ndarray, arrival: float) -> None:
         """Inbound audio at 16 kHz (float32 mono); ``arrival`` is monotonic."""
-        self._last_audio = arrival
         self.session.on_audio(samples, arrival)
 
     def parse(self, raw: str | bytes) -> dict[str, Any] | None:
@@ -236,15 +228,6 @@ class SessionBinding:
             message = self.parse(await self._queue.get())
             if message is not None:
                 await self.handle(message)
-
-    async def _watch_inbound(self, timeout_s: float) -> None:
-        while True:
-            idle = time.monotonic() - self._last_audio
-            if idle >= timeout_s:
-                self.log.info("no inbound audio for %.1f s: ending the session", idle)
-                await self._close_transport(Closing("inbound media timeout"))
-                return
-            await asyncio.sleep(timeout_s - idle)
 
     # --- the end ------------------------------------------------------------------------------
 

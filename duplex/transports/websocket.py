@@ -8,8 +8,9 @@ server events leave through one writer task, in the order the session sent them.
 as ``response.output_audio.delta`` events (``ClientPlayout``: the client plays the audio, the server
 counts what it sent).
 
-Resumption (docs/resume.md, :mod:`duplex.session.resume`): each ``session.created`` carries a new
-resume token (the transport adds it as the event leaves, so that no recording or log line of the
+Resumption (docs/resume.md, :mod:`duplex.session.resume`; what WebRTC calls share with this is in
+:mod:`duplex.transports.resumption` and :mod:`duplex.transports.outbox`): each ``session.created``
+carries a new resume token (added as the event leaves, so that no recording or log line of the
 session's events holds it). When the socket drops (any end but the client's normal close, 1000, or
 a close for breaking the protocol), the session is not ended: it is *detached* — the audio still
 waiting to be written is dropped, the response in flight is cut to the audio written to the socket
@@ -46,16 +47,12 @@ from duplex.session.resume import ResumeStore
 from duplex.session.session import Session
 from duplex.settings import ServerSettings
 from duplex.transports.binding import Closing, SessionBinding
+from duplex.transports.outbox import MAX_UNSENT_BYTES, Outbox
+from duplex.transports.resumption import AUDIO_DELTA, Resumption
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 5.0
-# Server events waiting for a client that does not read them (its socket buffers are full), or
-# for a client to resume its session. Beyond this the session is ended: its memory must not grow
-# with a client that went deaf or away. A second of agent audio is ~64 kB of events, so this is
-# minutes of a client that only lags.
-MAX_UNSENT_BYTES = 8 * 1024 * 1024
-AUDIO_DELTA = "response.output_audio.delta"
 # Close codes after which the session is not kept for a resume: the client's normal closure (it
 # is done) and those that say it broke the protocol (garbage, a message too large, ...).
 FINAL_CLOSE_CODES = frozenset({1000, 1002, 1003, 1007, 1008, 1009, 1010})
@@ -70,21 +67,21 @@ class WebSocketConnection:
                  resume: ResumeStore | None = None) -> None:
         self.id = new_id("sess")
         self.websocket = websocket
-        # Events, then a Closing queued after those that must go out first (the writer then closes).
-        self._outbox: asyncio.Queue[str | Closing] = asyncio.Queue()
-        self._unsent = 0  # bytes of the events in the outbox
+        # Events waiting for a client that does not read them (its socket buffers are full), or
+        # for a client to resume its session; then a Closing (the writer then closes). Past the
+        # outbox's bound the session is ended: its memory must not grow with a client that went
+        # deaf or away.
+        self._outbox = Outbox()
         self.session = Session(self.id, self, ClientPlayout(), pipeline, settings.session,
                                settings.voices, model_name)
         # client_budget: the client address's events over all its connections (AppState).
         self.binding = SessionBinding(self.session, registry, self._close,
                                       shared_budget=client_budget, record_dir=settings.record_dir)
-        self._registry = registry
-        self._resume = resume if resume is not None and resume.enabled else None
+        self.resumption = Resumption(self, self.binding, registry, resume)
         self._task: asyncio.Task[Any] | None = None  # serves the current socket
         self._reader: asyncio.Task[tuple[str, bool]] | None = None
         self._served = asyncio.Event()  # set while no socket is served (detached or ended)
         self._served.set()
-        self._detached = False  # the socket dropped: waiting for a resume
         self._deaf = False  # the client stopped reading: the connection is being ended
         self.closing: Closing | None = None  # why the server ended the connection, if it did
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
@@ -92,9 +89,7 @@ class WebSocketConnection:
     def admit(self, credential: str | None = None) -> None:
         """Take a slot in the registry (raises TooManySessions); a client that authenticates with
         ``credential`` may resume the session."""
-        self.binding.admit()
-        if self._resume is not None:
-            self._resume.enrol(self, credential)
+        self.resumption.admit(credential)
 
     async def run(self) -> None:
         """Serve the first socket until it ends (call after ``admit``)."""
@@ -115,9 +110,8 @@ class WebSocketConnection:
                 raise
         if self.binding.ended.is_set() or self.closing is not None:
             return False
-        held = self._take_outbox()
-        self._detached = False
-        self._registry.attach(self.id)
+        held = self._outbox.take()
+        self.resumption.attach()
         self.log.info("session resumed (%d events held for the client)", len(held))
 
         def restart() -> None:
@@ -152,7 +146,8 @@ class WebSocketConnection:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
             try:
-                if resumable and self._resume is not None and self.closing is None and not self._deaf:
+                keep = resumable and self.closing is None and not self._deaf
+                if keep and self.resumption.enabled:
                     await self._detach(reason)
                 else:
                     await self._end(f"websocket {reason}")
@@ -163,74 +158,47 @@ class WebSocketConnection:
 
     async def _detach(self, reason: str) -> None:
         """The socket dropped: keep the session for a resume (module doc)."""
-        assert self._resume is not None
-        self._detached = True
-        self._registry.detach(self.id)
-        self._resume.detached(self)
-        self.log.info("websocket %s: the session is kept for a resume (%g s)", reason, self._resume.grace_s)
-        await self.session.connection_lost(self._drop_unsent_audio())
+        await self.resumption.detach(f"websocket {reason}", self._drop_unsent_audio())
 
     async def _end(self, reason: str) -> None:
-        if self._resume is not None:
-            self._resume.forget(self)
-        await self.binding.end(reason)
+        await self.resumption.end(reason)
 
     async def _close(self, closing: Closing) -> None:
         """End the connection from the server (shutdown, flood, hang-up): close frame after the
         events already queued, then wait for ``run``; a detached session just ends."""
         self.closing = self.closing or closing
-        if self._detached:
+        if self.resumption.detached:
             await self._end(closing.reason)
             return
-        self._outbox.put_nowait(closing)
+        self._outbox.close_after(closing)
         await self.binding.ended_within(SHUTDOWN_GRACE_S, self._task)
 
     # --- SessionTransport --------------------------------------------------------------------
 
     def send_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == AUDIO_DELTA and self._detached:
-            return  # nobody hears it: audio in flight is dropped
-        if kind == "session.created" and self._resume is not None:
-            token = self._resume.issue(self)
-            if token is not None:
-                event = {**event, "session": {**event["session"], "resume_token": token}}
-        self._queue(json.dumps(event))
+        leaving = self.resumption.outgoing(event)  # audio while detached: dropped
+        if leaving is not None:
+            self._queue(json.dumps(leaving))
 
     def _queue(self, text: str) -> None:
-        if self._unsent + len(text) <= MAX_UNSENT_BYTES:
-            self._unsent += len(text)
-            self._outbox.put_nowait(text)
-            return
-        if self._deaf:
+        if self._outbox.put(text) or self._deaf:
             return
         self._deaf = True
-        if self._detached:
+        if self.resumption.detached:
             self.log.warning("more than %d MiB of events wait for a resume: ending the session",
                              MAX_UNSENT_BYTES >> 20)
-            asyncio.get_running_loop().create_task(self._end("too many events waiting for a resume"))
+            self.resumption.end_soon("too many events waiting for a resume")
         elif self._task is not None:
             self.log.warning("the client reads none of its last %d MiB of events: ending the session",
                              MAX_UNSENT_BYTES >> 20)
             self._task.cancel()
-
-    def _take_outbox(self) -> list[str]:
-        """Empty the outbox; returns the events it held (a Closing ends nothing of a session that
-        is resumed: it was queued for the socket that dropped)."""
-        held: list[str] = []
-        while not self._outbox.empty():
-            item = self._outbox.get_nowait()
-            if isinstance(item, str):
-                held.append(item)
-        self._unsent = 0
-        return held
 
     def _drop_unsent_audio(self) -> dict[str, int]:
         """Drop the audio the socket never took (the outbox's audio deltas); returns how many
         milliseconds of each item's audio it held."""
         fmt = self.session.config.output_format
         unsent: dict[str, float] = {}
-        for text in self._take_outbox():
+        for text in self._outbox.take():
             event = json.loads(text)
             if event.get("type") == AUDIO_DELTA:
                 item_id = str(event.get("item_id"))
@@ -262,7 +230,6 @@ class WebSocketConnection:
                 if isinstance(item, Closing):
                     await self.websocket.close(item.websocket_code, item.reason)
                     return
-                self._unsent -= len(item)
                 await self.websocket.send_text(item)
             except (WebSocketDisconnect, RuntimeError, OSError) as err:
                 # The client is gone; the reader sees the disconnect and ends the session. The

@@ -31,8 +31,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("webrtc")
     # A model paced like a real one (4.8 s to write its 24 tokens, its talker keeping just ahead of
     # playout), so that an interruption lands while every stage still holds the request, even on
-    # a loaded machine where playout falls behind.
-    preset = write_preset(tmp / "preset.yaml", session={"inbound_media_timeout_s": 3.0}, stages={
+    # a loaded machine where playout falls behind. A vanished client's session waits 1 s for a
+    # resume (docs/resume.md), then ends.
+    preset = write_preset(tmp / "preset.yaml", session={"inbound_media_timeout_s": 3.0,
+                                                        "resume_grace_s": 1.0}, stages={
         "thinker": {"options": {"step_delay_s": 0.2, "answer_tokens": 24}},
         "talker": {"options": {"step_delay_s": 0.05}}})
     with run_server(preset, tmp=tmp) as running:
@@ -161,7 +163,8 @@ async def test_vanished_client_leaves_nothing_alive(server: ServerProcess) -> No
     deadline = asyncio.get_running_loop().time() + TIMEOUT
     while server.metric("duplex_sessions_active", {"transport": "webrtc"}) > 0:
         assert asyncio.get_running_loop().time() < deadline, server.log()[-3000:]
-        await asyncio.sleep(0.25)  # the server notices by its inbound-media timeout (3 s here)
+        await asyncio.sleep(0.25)  # the server notices by its inbound-media timeout (3 s here),
+        # keeps the session for a resume (1 s here), then ends it
     await wait_stages_idle(server)
     assert "inbound media timeout" in server.log()
     await call.peer.close()
@@ -172,8 +175,8 @@ async def test_vanished_client_leaves_nothing_alive(server: ServerProcess) -> No
     [
         ("v=0\r\nthis is not sdp", "application/sdp", 400, "audio"),
         ("hello", "text/plain", 415, "content type"),
-        ("v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n"
-         "a=rtpmap:96 VP8/90000\r\n", "application/sdp", 400, "audio"),
+        (("v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n"
+          "a=rtpmap:96 VP8/90000\r\n"), "application/sdp", 400, "audio"),
     ],
 )
 async def test_bad_offers_get_clear_errors(server: ServerProcess, body: str, content_type: str,
