@@ -21,7 +21,10 @@ the loop and without touching its pixels:
 Every frame that reaches the window is counted by outcome (``duplex_video_frames_total``).
 :meth:`VideoWindow.seen_since` gives what the user's turn shows: the pictures seen since it began,
 at most ``frames_per_turn`` of them evenly spread, or, when the picture has not changed, the
-latest one.
+latest one; as :class:`TurnPictures`, with when each appeared, so that a model that reads video
+reads them as one (the turn's item keeps the times as ``image_times``; the request's message
+carries them). They are of one size: where the source changed size during the turn (a camera
+swapped for a screen), those of the latest size.
 
 A VideoWindow belongs to one call's session and lives as long as its video track; ``close``
 drops every picture (the track ended, the session closed).
@@ -33,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import av
 import numpy as np
@@ -57,6 +60,22 @@ class VideoInput(BaseModel):
     window_frames: int = Field(default=16, ge=1, le=256)
     frames_per_turn: int = Field(default=4, ge=1, le=64)
     max_pixels: int = Field(default=1920 * 1088, ge=64 * 64)  # a larger decoded frame is dropped
+
+
+@dataclass(frozen=True)
+class TurnPictures:
+    """What the caller's camera showed during a turn: ``images`` (uint8 RGB arrays of one size),
+    oldest first, and ``times``, when each was first seen, in seconds from the first (a video's
+    frame times; None where there is no picture)."""
+
+    images: list[np.ndarray] = field(default_factory=list)
+    times: list[float] | None = None
+
+    @classmethod
+    def of(cls, pictures: list[Picture]) -> TurnPictures:
+        if not pictures:
+            return cls()
+        return cls([p.rgb for p in pictures], [p.first_seen - pictures[0].first_seen for p in pictures])
 
 
 @dataclass
@@ -125,19 +144,22 @@ class VideoWindow:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(task)
 
-    def seen_since(self, since: float) -> list[np.ndarray]:
-        """The pictures seen at or after ``since`` (a turn's beginning), oldest first, at most
-        ``frames_per_turn`` of them evenly spread, the last one always among them; the latest
-        picture where none was seen since (the picture did not change, or the camera is slow);
-        nothing without pictures."""
-        seen = [p.rgb for p in self._pictures if p.last_seen >= since]
+    def seen_since(self, since: float) -> TurnPictures:
+        """The pictures seen at or after ``since`` (a turn's beginning) of the latest one's size,
+        oldest first, at most ``frames_per_turn`` of them evenly spread, the last one always among
+        them; the latest picture where none was seen since (the picture did not change, or the
+        camera is slow); nothing without pictures."""
+        if not self._pictures:
+            return TurnPictures()
+        shape = self._pictures[-1].rgb.shape
+        seen = [p for p in self._pictures if p.last_seen >= since and p.rgb.shape == shape]
         if not seen:
-            return [self._pictures[-1].rgb] if self._pictures else []
+            return TurnPictures.of([self._pictures[-1]])
         most = self.settings.frames_per_turn
         if len(seen) <= most:
-            return seen
+            return TurnPictures.of(seen)
         picks = np.linspace(0, len(seen) - 1, most).round().astype(int)
-        return [seen[i] for i in picks]
+        return TurnPictures.of([seen[i] for i in picks])
 
     def close(self) -> None:
         """Drop every picture; frames offered after this are ignored."""

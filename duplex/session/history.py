@@ -27,6 +27,9 @@ class Item:
     audio: np.ndarray | None = None  # float32 mono at ``sample_rate``
     sample_rate: int | None = None
     images: list[np.ndarray] = field(default_factory=list)  # uint8 RGB [height, width, 3] each
+    # Where the images are a camera's frames during a spoken turn: when each was seen (seconds
+    # from the first), which a model that reads video reads as one video; None: separate images.
+    image_times: list[float] | None = None
     # Assistant items: each transcript delta with the audio position (ms) queued when it arrived
     # (its audio starts there or later: text runs ahead of audio), and the length of the item's
     # audio once the whole answer is generated.
@@ -154,7 +157,8 @@ class History:
         """The model's input (OmniRequest.inputs["messages"]), newest audio first in the budget;
         ``pending`` is answered as if it were the newest item (a turn not yet committed). A turn
         heard as audio whose transcript is known carries it as ``transcript``, not ``text``. A
-        message with images carries them as ``images`` (uint8 RGB arrays); they stay in context.
+        message with images carries them as ``images`` (uint8 RGB arrays), and a camera's frames
+        their ``image_times`` too; they stay in context.
 
         Function calls: an assistant message that made calls has ``tool_calls`` (``[{"call_id",
         "name", "arguments"}]``) and its own words as ``words`` (None when it only called); a call
@@ -183,6 +187,8 @@ class History:
                         message["text"], message["transcript"] = None, text
             if item.images:
                 message["images"] = item.images
+                if item.image_times is not None:
+                    message["image_times"] = item.image_times
             if message["text"] is None and message["audio"] is None and not item.images:
                 continue
             kept.append(message)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from duplex.media.video_window import TurnPictures
 from duplex.protocol.events import new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.session.config import SessionConfig
@@ -76,11 +77,12 @@ class RequestBuilder:
         return OmniRequest(request_id, {"messages": messages}, params, owner=self._owner)
 
     def speculative(self, config: SessionConfig, turn_audio: np.ndarray,
-                    pictures: list[np.ndarray] | None = None) -> OmniRequest:
+                    pictures: TurnPictures | None = None) -> OmniRequest:
         """The answer to the turn so far (what was said, and ``pictures``, what the caller's camera
         showed), begun at a pause (:mod:`duplex.session.speculation`)."""
+        pictures = pictures or TurnPictures()
         pending = Item(new_id("item"), "user", audio=turn_audio, sample_rate=SAMPLE_RATE,
-                       images=pictures or [])
+                       images=pictures.images, image_times=pictures.times)
         request = self.request(config, ResponseSpec.of_session(config), None, pending)
         # The turn may go on: a pipeline that judges words says whether these read as finished.
         request.params["end_of_turn"] = True

@@ -40,7 +40,7 @@ import numpy as np
 from duplex.media.front_end import AudioFrontEnd
 from duplex.media.playout import AgentAudio
 from duplex.media.recording import CallRecording
-from duplex.media.video_window import VideoWindow
+from duplex.media.video_window import TurnPictures, VideoWindow
 from duplex.protocol.events import RealtimeError, event, new_id
 from duplex.protocol.response_create import ResponseSpec
 from duplex.protocol.session_update import session_object
@@ -377,14 +377,15 @@ class Session:
         self._input.clear()
         self._detector.discard_turn()
 
-    def commit_user_audio(self, item_id: str, audio: np.ndarray, pictures: list[np.ndarray] | None = None) -> None:
+    def commit_user_audio(self, item_id: str, audio: np.ndarray, pictures: TurnPictures | None = None) -> None:
+        pictures = pictures or TurnPictures()
         self.conversation.commit_user_audio(Item(item_id, "user", audio=audio, sample_rate=SAMPLE_RATE,
-                                                 images=pictures or []))
+                                                 images=pictures.images, image_times=pictures.times))
         self.state = State.THINKING
 
-    def _turn_pictures(self) -> list[np.ndarray]:
+    def _turn_pictures(self) -> TurnPictures:
         """What the caller's camera showed during the turn in progress (none without one)."""
-        return [] if self.video is None else self.video.seen_since(self._turn_began_at)
+        return TurnPictures() if self.video is None else self.video.seen_since(self._turn_began_at)
 
     async def truncate_heard(self, item: Item, audio_end_ms: int) -> None:
         """``conversation.item.truncate``: the client, which plays the audio itself, says the user

@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from duplex import metrics
+from duplex.media.video_window import TurnPictures
 from duplex.session.model_pipeline import ModelPipeline
 from duplex.turns.semantic_policy import WORDS_AT_MS
 from duplex.turns.server_vad import TurnDetector
@@ -59,8 +60,10 @@ class Speculation:
                  on_transcript: Heard, log_extra: dict[str, str]) -> None:
         self.request = request
         self.audio = audio  # the turn's audio so far, as the request's last message holds it
-        # and the pictures of the caller's camera it holds (none without one)
-        self.pictures: list[np.ndarray] = list(request.inputs["messages"][-1].get("images") or [])
+        # and the pictures of the caller's camera it holds (none without one), with when each was
+        # seen: the adopted turn's item keeps them as a video
+        turn = request.inputs["messages"][-1]
+        self.pictures = TurnPictures(list(turn.get("images") or []), turn.get("image_times"))
         self.pause = pause  # the sample position where the pause that began it started
         self._pipeline = pipeline
         self._on_transcript = on_transcript

@@ -1,19 +1,28 @@
 """A call's video, kept as the model will read it (duplex/media/video_window.py): sampled at the
-preset's rate, scaled, unchanged pictures kept once, frames too large dropped unread; and over a
-real aiortc call (loopback), a client's camera reaches the window of a peer that takes video,
-while a peer that does not rejects it (port 0).
+preset's rate, scaled, unchanged pictures kept once, frames too large dropped unread, a turn's
+pictures of one size and with when each was seen (the turn item's ``image_times``, a request's
+too); and over a real aiortc call (loopback), a client's camera reaches the
+window of a peer that takes video, while a peer that does not rejects it (port 0).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 
 import av
 import numpy as np
 from aiortc.contrib.media import MediaPlayer
 
 from duplex import metrics
-from duplex.media.video_window import VideoInput, VideoWindow
+from duplex.media.video_window import TurnPictures, VideoInput, VideoWindow
+from duplex.protocol.response_create import ResponseSpec
+from duplex.session.config import SessionConfig
+from duplex.session.history import History, Item
+from duplex.session.model_state import KeptModelState
+from duplex.session.requests import RequestBuilder
+from duplex.session.speculation import Speculation
+from duplex.settings import SessionDefaults
 from duplex.transports.webrtc.peer import CallPeer
 from harness.peers import LOOPBACK, ClientPeer, Recorder
 from harness.speech import speech_wav
@@ -53,8 +62,19 @@ async def test_frames_are_sampled_at_the_rate_scaled_and_kept_in_a_bounded_windo
 
     # A turn that began at 0.9 s shows the pictures seen since, evenly spread within its bound.
     turn = window.seen_since(0.9)
-    assert len(turn) == 2 and turn[0] is pictures[1].rgb and turn[-1] is pictures[2].rgb
-    assert len(window.seen_since(1.2)) == 1
+    assert len(turn.images) == 2 and turn.images[0] is pictures[1].rgb and turn.images[-1] is pictures[2].rgb
+    assert turn.times is not None and [round(t, 2) for t in turn.times] == [0.0, 0.5]  # a video's times
+    assert len(window.seen_since(1.2).images) == 1
+
+
+async def test_a_turn_shows_pictures_of_one_size_the_latest() -> None:
+    """A camera swapped for a screen share during the turn: its pictures are those of the new
+    size (a model reads a turn's pictures as one video, whose frames are of one size)."""
+    window = VideoWindow(VideoInput(fps=2, max_side=640), LOG)
+    await offered(window, [(frame(1, 320, 240), 0.0), (frame(2, 320, 240), 0.5),
+                           (frame(3, 640, 360), 1.0), (frame(4, 640, 360), 1.5)])
+    turn = window.seen_since(0.0)
+    assert [p.shape for p in turn.images] == [(360, 640, 3)] * 2 and turn.times == [0.0, 0.5]
 
 
 async def test_a_still_picture_is_kept_once_and_shown_to_a_later_turn() -> None:
@@ -65,10 +85,10 @@ async def test_a_still_picture_is_kept_once_and_shown_to_a_later_turn() -> None:
     assert counted("unchanged") - unchanged == 3
     assert (picture.first_seen, picture.last_seen) == (0.0, 1.5)
     # A turn that began after the last frame came (a camera that sends nothing new) sees it too.
-    (shown,) = window.seen_since(5.0)
-    assert shown is picture.rgb
+    (shown,) = window.seen_since(5.0).images
+    assert shown is picture.rgb and window.seen_since(5.0).times == [0.0]
     window.close()
-    assert window.pictures == [] and window.seen_since(0.0) == []
+    assert window.pictures == [] and window.seen_since(0.0) == TurnPictures()
     await offered(window, [(frame(8), 9.0)])
     assert window.pictures == []  # closed: nothing more is kept
 
@@ -122,3 +142,47 @@ async def test_a_call_that_cannot_see_rejects_the_camera() -> None:
     finally:
         await client.close()
         await server.close("test over")
+
+
+async def test_a_turn_s_pictures_reach_the_request_with_their_times() -> None:
+    """A spoken turn's pictures reach the request's message with ``image_times`` (seconds from the
+    first), which a model that reads video reads as one; a client's image has none; the answer
+    begun at a pause carries them too, and gives them back to the turn's item when adopted."""
+    window = VideoWindow(VideoInput(fps=2, max_side=160), LOG)
+    await offered(window, [(frame(k), 10.0 + k / 2) for k in range(3)])
+    shown = window.seen_since(10.0)
+    history = History(60.0)
+    history.add(Item("client", "user", text="this label", images=[pattern(64, 64, 0)]))
+    history.add(Item("turn", "user", audio=np.zeros(1600, np.float32), sample_rate=16000,
+                     images=shown.images, image_times=shown.times))
+    builder = RequestBuilder(SessionDefaults(), history, KeptModelState(None, False), "s")
+    config = SessionConfig(instructions="", voice="default")
+    request = builder.request(config, ResponseSpec.of_session(config), None)
+    client, turn = request.inputs["messages"]
+    assert "image_times" not in client
+    assert turn["image_times"] == [0.0, 0.5, 1.0]
+    assert [id(p) for p in turn["images"]] == [id(p.rgb) for p in window.pictures]
+
+    speculative = builder.speculative(config, np.zeros(1600, np.float32), shown)
+    assert speculative.inputs["messages"][-1]["image_times"] == [0.0, 0.5, 1.0]
+    pipeline = Silent()
+    speculation = Speculation(pipeline, speculative, np.zeros(1600, np.float32), 0,  # type: ignore[arg-type]
+                              lambda *heard: None, {})
+    assert speculation.pictures.times == [0.0, 0.5, 1.0]
+    assert [id(p) for p in speculation.pictures.images] == [id(p) for p in shown.images]
+    await speculation.abort()
+    assert pipeline.withdrawn == [speculative.request_id]
+
+
+class Silent:
+    """A pipeline fake (named as such) that answers nothing and notes what is withdrawn."""
+
+    def __init__(self) -> None:
+        self.withdrawn: list[str] = []
+
+    async def stream(self, request: object) -> AsyncIterator[object]:
+        return
+        yield
+
+    async def withdraw(self, request_id: str) -> None:
+        self.withdrawn.append(request_id)

@@ -2,12 +2,20 @@
 
 Request inputs follow the pipeline's one shape (``pipeline.proto.OmniRequest``): ``{"messages":
 [{"role": "system" | "user" | "assistant", "text": str | None, "audio": float32 mono samples |
-None, "sample_rate": int | None, "images": [uint8 RGB arrays [height, width, 3]] | None}, ...]}``,
-oldest first; the answer follows the last message, a user turn or an assistant message with text
-or audio. A message renders its audio first, then its images, then its text. Images are cut into
+None, "sample_rate": int | None, "images": [uint8 RGB arrays [height, width, 3]] | None,
+"image_times": [seconds, one per image] | None}, ...]}``, oldest first; the answer follows the last
+message, a user turn or an assistant message with text or audio. A message renders its audio
+first, then its images, then its text; a message whose images come with ``image_times`` (the
+frames of a camera, seen at those times) renders them as one video instead. Images are cut into
 the vision tower's patches by the checkpoint's image processor (transformers' PIL/numpy one), which
-scales each to its pixel bounds; a request holds at most the stage's ``max_images`` (default 16)
-of at most ``max_image_pixels`` (default 4096 x 4096) each.
+scales each to its pixel bounds; a request holds at most the stage's ``max_images`` (default 16) of
+at most ``max_image_pixels`` (default 4096 x 4096) each.
+
+A video (a caller's camera during a turn) is read as Qwen3-Omni reads video (``video.py``): its
+frames pair up into the tower's temporal patches (an odd count repeats its last frame, as
+transformers' video processor pads), ``<|video_pad|>`` per vision token, and each pair's rope time
+from the frames' own times (``second_per_grid``); its frames must be of one size. A request holds
+at most ``max_video_frames`` (default 64) frames, of at most ``max_image_pixels`` each.
 Audio at any rate from 8 kHz to 192 kHz is resampled to the feature extractor's 16 kHz with PyAV; audio longer
 than the stage's ``max_audio_seconds`` (default 120) is refused.
 
@@ -39,9 +47,11 @@ whole blocks encode exactly); and Whisper's log-mel floor (the clip's maximum - 
 the audio heard so far.
 
 Output data: ``input_ids`` (1-D long tensor, one ``<|audio_pad|>`` per audio frame of the encoder,
-one ``<|image_pad|>`` per vision token of each image), with audio ``input_features`` /
-``feature_attention_mask`` (one row per clip), with images ``pixel_values`` / ``image_grid_thw``
-(the patches of every image, and each image's grid), and when asked and
+one ``<|image_pad|>`` per vision token of each image, one ``<|video_pad|>`` per vision token of
+each video), with audio ``input_features`` / ``feature_attention_mask`` (one row per clip), with
+images ``pixel_values`` / ``image_grid_thw`` (the patches of every image, and each image's grid),
+with videos ``pixel_values_videos`` / ``video_grid_thw`` / ``video_second_per_grid`` (float, one per
+video), and when asked and
 the last message is a user turn heard as audio only, ``transcribe_audio`` (its 16 kHz clip). The runner is
 stateless: nothing outlives ``run``.
 """
@@ -58,7 +68,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from pipeline.models import StageContext
-from pipeline.models.qwen3_omni import loading, tools
+from pipeline.models.qwen3_omni import loading, tools, video
 from pipeline.models.qwen3_omni.talker import requested_voice
 from pipeline.scheduling.base import BatchItem, RequestError
 from pipeline.scheduling.conversation_book import partial_until
@@ -97,9 +107,12 @@ class Preprocessor:
         config = loading.load_config(source.path)
         self.audio_token_id = config.thinker_config.audio_token_id
         self.image_token_id = config.thinker_config.image_token_id
+        self.video_token_id = config.thinker_config.video_token_id
+        self.position_id_per_seconds = config.thinker_config.position_id_per_seconds
         self.images = loading.load_image_processor(source.path)
         self.max_images = int(ctx.stage.options.get("max_images", 16))
         self.max_image_pixels = int(ctx.stage.options.get("max_image_pixels", 4096 * 4096))
+        self.max_video_frames = int(ctx.stage.options.get("max_video_frames", 64))
         self.n_window = config.thinker_config.audio_config.n_window
         self.speakers = dict(config.talker_config.speaker_id or {})
         self.max_audio_s = float(ctx.stage.options.get("max_audio_seconds", 120.0))
@@ -115,6 +128,7 @@ class Preprocessor:
         self._check_params(rid, params)
         clips: list[np.ndarray] = []
         images: list[np.ndarray] = []
+        videos: list[video.Clip] = []
         conversation = conversation_of(params)
         try:
             plain = tools.render(inputs.get("messages") or [], params,
@@ -122,7 +136,7 @@ class Preprocessor:
             opening = tools.call_opening(params)
         except tools.ToolsError as err:
             raise RequestError(rid, str(err)) from None
-        messages = [self._message(rid, m, clips, images) for m in plain]
+        messages = [self._message(rid, m, clips, images, videos) for m in plain]
         # The template's generation prompt opens a new assistant turn after whatever came last: a
         # user turn, or an assistant message (a Realtime client asking for another answer).
         if not messages or messages[-1]["role"] == "system" or not messages[-1]["content"]:
@@ -152,6 +166,15 @@ class Preprocessor:
             merge = self.images.merge_size**2
             ids = self._expand(rid, ids, self.image_token_id, [int(g.prod()) // merge for g in grids])
             out["pixel_values"], out["image_grid_thw"] = pixels, grids
+        if videos:
+            try:
+                patched = video.patches(self.images, videos, self.position_id_per_seconds)
+            except ValueError as err:  # e.g. an aspect ratio the processor refuses
+                raise RequestError(rid, f"video: {err}") from None
+            merge = self.images.merge_size**2
+            ids = self._expand(rid, ids, self.video_token_id,
+                               [int(g.prod()) // merge for g in patched["video_grid_thw"]])
+            out.update(patched)
         out["input_ids"] = torch.tensor(ids, dtype=torch.long)
         last = inputs["messages"][-1]
         if params.get("transcribe") and last.get("role") == "user" and last.get("audio") is not None \
@@ -214,22 +237,28 @@ class Preprocessor:
             raise RequestError(rid, f"modalities {unknown} are not supported (use {list(MODALITIES)})")
         requested_voice(rid, params, self.speakers)
 
-    def _message(self, rid: str, message: Any, clips: list[np.ndarray], images: list[np.ndarray]
-                 ) -> dict[str, Any]:
+    def _message(self, rid: str, message: Any, clips: list[np.ndarray], images: list[np.ndarray],
+                 videos: list[video.Clip]) -> dict[str, Any]:
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise RequestError(rid, f"messages: each message needs a role in {list(ROLES)}")
         parts: list[dict[str, str]] = []
         if message.get("audio") is not None:
             clips.append(self._audio(rid, message["audio"], message.get("sample_rate")))
             parts.append({"type": "audio", "audio": "<audio>"})
-        for image in message.get("images") or []:
-            images.append(self._image(rid, image, len(images)))
-            parts.append({"type": "image", "image": "<image>"})
+        if message.get("image_times") is not None:
+            videos.append(self._video(rid, message.get("images"), message["image_times"],
+                                      sum(len(v.frames) for v in videos)))
+            parts.append({"type": "video", "video": "<video>"})
+        else:
+            for image in message.get("images") or []:
+                images.append(self._image(rid, image, len(images)))
+                parts.append({"type": "image", "image": "<image>"})
         if message.get("text"):
             parts.append({"type": "text", "text": str(message["text"])})
         for key in ("image", "video", "videos"):
             if message.get(key) is not None:
-                raise RequestError(rid, f"messages: {key} input is not supported (text, audio and images are)")
+                raise RequestError(rid, f"messages: {key} input is not supported (text, audio and images, "
+                                   "with image_times a video, are)")
         return {"role": message["role"], "content": parts}
 
     def _image(self, rid: str, image: Any, before: int) -> np.ndarray:
@@ -242,6 +271,19 @@ class Preprocessor:
             raise RequestError(rid, f"an image is {array.shape[1]}x{array.shape[0]} pixels; the limit is "
                                f"{self.max_image_pixels} pixels")
         return array
+
+    def _video(self, rid: str, frames: Any, times: Any, before: int) -> video.Clip:
+        try:
+            clip = video.Clip.of(frames, times)
+        except ValueError as err:
+            raise RequestError(rid, f"video: {err}") from None
+        if before + len(clip.frames) > self.max_video_frames:
+            raise RequestError(rid, f"a request holds at most {self.max_video_frames} video frames")
+        height, width = clip.frames[0].shape[:2]
+        if height * width > self.max_image_pixels:
+            raise RequestError(rid, f"a video frame is {width}x{height} pixels; the limit is "
+                               f"{self.max_image_pixels} pixels")
+        return clip
 
     def _patches(self, rid: str, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """The vision tower's patches of every image and each image's (t, h, w) grid."""

@@ -54,7 +54,7 @@ def _codes_handed_to_code2wav(model: Qwen3OmniMoeForConditionalGeneration) -> It
 def _talker_reads_audio_config(model: Qwen3OmniMoeForConditionalGeneration) -> Iterator[None]:
     """transformers 5.24's talker computes its rope positions with the thinker's ``get_rope_index``,
     which reads ``config.audio_config.n_window`` on its own config whenever a prompt holds images
-    and audio; ``Qwen3OmniMoeTalkerConfig`` has no ``audio_config``, so such a ``generate`` raises
+    (or video) and audio; ``Qwen3OmniMoeTalkerConfig`` has no ``audio_config``, so such a ``generate`` raises
     AttributeError. The talker is lent the thinker's (the one it means: audio rows then take
     sequential positions, as in every other path)."""
     talker_config = model.talker.config
@@ -77,6 +77,10 @@ def _inputs(prepared: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if prepared.get("pixel_values") is not None:
         inputs["pixel_values"] = prepared["pixel_values"]
         inputs["image_grid_thw"] = prepared["image_grid_thw"]
+    if prepared.get("pixel_values_videos") is not None:
+        inputs["pixel_values_videos"] = prepared["pixel_values_videos"]
+        inputs["video_grid_thw"] = prepared["video_grid_thw"]
+        inputs["video_second_per_grid"] = prepared["video_second_per_grid"]
     return inputs
 
 

@@ -3,13 +3,16 @@
 The thinker and the talker rotate each row by three positions (time, height, width). Text and audio
 rows take one sequential position in all three; the rows of an image take its grid's (t, h, w)
 offsets from where the image starts, and what follows an image starts after the largest of them.
-So with images a row's position is not its index in the sequence; everywhere else it is.
+A video's rows do the same, its grid steps ``second_per_grid * position_id_per_seconds`` apart in
+time (``video.py``). So with images or video a row's position is not its index in the sequence;
+everywhere else it is.
 
 ``generate`` keeps the difference (``rope_deltas``) on the model module, shared by every request;
 the stages never use it. Instead:
 
 - ``prompt_positions``: the mrope rows of one request's own prompt, relative to its start, from
-  transformers' own ``get_rope_index`` (the ``mm_aggregate`` stage calls it, with the images' grids);
+  transformers' own ``get_rope_index`` (the ``mm_aggregate`` stage calls it, with the images' and
+  videos' grids and the videos' seconds per grid);
 - the thinker adds where the request starts (a kept conversation's next position) and carries the
   difference between the next position and the next index (``delta``) through decode and into the
   kept state;
@@ -33,11 +36,14 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 
-def prompt_positions(ids: torch.Tensor, image_grid_thw: torch.Tensor | None, thinker_config: Any) -> torch.Tensor | None:
+def prompt_positions(ids: torch.Tensor, image_grid_thw: torch.Tensor | None, thinker_config: Any,
+                     video_grid_thw: torch.Tensor | None = None,
+                     second_per_grid: torch.Tensor | None = None) -> torch.Tensor | None:
     """The mrope positions [3, len(ids)] (long) of a prompt ``ids`` (1-D) whose images have the
-    grids ``image_grid_thw`` [images, 3], relative to the prompt's first row; None without images
+    grids ``image_grid_thw`` [images, 3] and whose videos the grids ``video_grid_thw`` [videos, 3]
+    and ``second_per_grid`` [videos], relative to the prompt's first row; None without either
     (every row then takes its index, as the thinker does by default)."""
-    if image_grid_thw is None or image_grid_thw.numel() == 0:
+    if not any(g is not None and g.numel() for g in (image_grid_thw, video_grid_thw)):
         return None
     # get_rope_index needs each audio clip's mel length to count its rows; audio rows take
     # sequential positions exactly like text, so hiding their start marker lets it treat them as
@@ -47,9 +53,11 @@ def prompt_positions(ids: torch.Tensor, image_grid_thw: torch.Tensor | None, thi
     model = SimpleNamespace(config=thinker_config, spatial_merge_size=thinker_config.vision_config.spatial_merge_size)
     model.get_llm_pos_ids_for_vision = functools.partial(_OmniPreTrained.get_llm_pos_ids_for_vision, model)
     positions, _ = _OmniPreTrained.get_rope_index(
-        model, plain[None], image_grid_thw=image_grid_thw, attention_mask=torch.ones_like(plain)[None]
+        model, plain[None], image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
+        attention_mask=torch.ones_like(plain)[None], second_per_grids=second_per_grid,
     )
-    return positions[:, 0].long()
+    # Whole numbers, or within float32's rounding of them (video.py): rounded, not truncated.
+    return positions[:, 0].round().long()
 
 
 def user_positions(positions: torch.Tensor, user: torch.Tensor, after: int) -> torch.Tensor:

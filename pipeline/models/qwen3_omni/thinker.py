@@ -1,10 +1,10 @@
-"""Thinker stage: prefill with the audio and image embeddings, then decode text, batched across
-requests.
+"""Thinker stage: prefill with the audio, image and video embeddings, then decode text, batched
+across requests.
 
-Its input is ``mm_aggregate``'s (``aggregate.py``): the prompt ids, the embeddings of its audio and
-image placeholders in their order (``mm_embeds``), and with images the deepstack features (added
-to the hidden states of the first layers at the image rows, as the reference adds them) and the
-prompt's 3-D rope positions. Each new request is prefilled on its own (so its prompt logits are
+Its input is ``mm_aggregate``'s (``aggregate.py``): the prompt ids, the embeddings of its audio,
+image and video placeholders in their order (``mm_embeds``), and with images or video the deepstack
+features (added to the hidden states of the first layers at the image and video rows, as the
+reference adds them) and the prompt's 3-D rope positions. Each new request is prefilled on its own (so its prompt logits are
 computed exactly as the reference computes them); requests already prefilled decode together, one
 token per step, their KV caches left-padded into one batch (``KVPool``). Every row carries
 explicit position ids (the text row, its index, plus the three mrope rows: see ``rope.py``; audio
@@ -141,7 +141,8 @@ class Thinker:
         """What closes a message in the chat template (``eos`` is the token that stops decoding)."""
         self.image_token = thinker_cfg.image_token_id
         self.mm_tokens = [thinker_cfg.audio_token_id, thinker_cfg.image_token_id, thinker_cfg.video_token_id]
-        self.placeholders = torch.tensor([thinker_cfg.audio_token_id, thinker_cfg.image_token_id])
+        self.placeholders = torch.tensor(self.mm_tokens)
+        self.visual = torch.tensor([thinker_cfg.image_token_id, thinker_cfg.video_token_id])
         self.im_start = config.im_start_token_id
         self.user_token = config.user_token_id
         self.assistant_token = config.assistant_token_id
@@ -167,7 +168,7 @@ class Thinker:
         n_mm = int(torch.isin(ids, self.placeholders).sum())
         got = 0 if mm is None else mm.shape[0]
         if n_mm != got:
-            raise RequestError(rid, f"prompt has {n_mm} audio and image placeholders but {got} embeddings")
+            raise RequestError(rid, f"prompt has {n_mm} audio, image and video placeholders but {got} embeddings")
         partial = bool(partial_until(payload.params))
         if not partial and self._assistant_start(ids) is None:
             raise RequestError(rid, "prompt does not end with an assistant turn header")
@@ -310,7 +311,7 @@ class Thinker:
         rope = self._rope(st, start, 0 if past is None else past.delta)
         deep: dict[str, Any] = {}
         if st.deepstack is not None and st.deepstack.shape[1]:
-            deep["visual_pos_masks"] = (ids == self.image_token) & own
+            deep["visual_pos_masks"] = torch.isin(ids, self.visual.to(ids.device)) & own
             deep["deepstack_visual_embeds"] = list(st.deepstack.to(embeds.device, embeds.dtype))
         cache = DynamicCache(config=self.text_config) if past is None else past.cache
         out = self.model.model.language_model(

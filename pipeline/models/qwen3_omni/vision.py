@@ -1,14 +1,17 @@
-"""Image encoder stage: the thinker's vision tower over every image in the batch -> embeddings.
+"""Image encoder stage: the thinker's vision tower over every image and video in the batch.
 
 The preprocessing stage cuts each image into patches (``pixel_values`` [patches, channels x
-temporal patch x patch x patch]) with its grid (``image_grid_thw`` [images, 3]). The images of all
-requests in a batch go through the tower in one call: it attends within each image only
-(``cu_seqlens`` per frame), so an image's embeddings do not depend on its neighbours.
+temporal patch x patch x patch]) with its grid (``image_grid_thw`` [images, 3]), and each video
+likewise (``pixel_values_videos``, ``video_grid_thw``: ``video.py``). The images and videos of all
+requests in a batch go through the tower in one call: it attends within each temporal patch only
+(``cu_seqlens`` per grid step), so an image's or a video's embeddings do not depend on its
+neighbours, and a video is read exactly as ``get_video_features`` reads it.
 
 Output data per request: ``image_embeds`` [image tokens, thinker hidden] (one row per
 ``<|image_pad|>``, in the prompt's order) and ``deepstack`` [deepstack layers, image tokens, thinker
 hidden] (the features of the tower's middle layers that the thinker adds to its first layers' hidden
-states at the image rows); both on the CPU, with zero rows when the request has no image.
+states at the image rows), and the same of its videos' ``<|video_pad|>`` rows (``video_embeds``,
+``video_deepstack``); all on the CPU, with zero rows when the request has none.
 Stateless: nothing outlives ``run``.
 """
 
@@ -21,6 +24,9 @@ import torch
 from pipeline.models import StageContext
 from pipeline.models.qwen3_omni import loading
 from pipeline.scheduling.base import BatchItem
+
+KINDS = {"image": ("pixel_values", "image_grid_thw"), "video": ("pixel_values_videos", "video_grid_thw")}
+"""What the tower reads, per kind: (patches, grids) in the preprocessing stage's output."""
 
 
 class ImageEncoder:
@@ -37,23 +43,25 @@ class ImageEncoder:
 
     @torch.inference_mode()
     def run(self, batch: list[BatchItem]) -> list[dict[str, Any]]:
-        owners = [i for i, item in enumerate(batch) if item.payload.data.get("pixel_values") is not None]
         empty = torch.zeros(0, self.hidden, dtype=self.encoder.dtype)
-        out: list[dict[str, Any]] = [
-            {"image_embeds": empty, "deepstack": empty.new_zeros(self.layers, 0, self.hidden)} for _ in batch
-        ]
-        if not owners:
-            return out
-        data = [batch[i].payload.data for i in owners]
-        grids = torch.cat([d["image_grid_thw"] for d in data])
-        pixels = torch.cat([d["pixel_values"] for d in data]).to(self.device, self.encoder.dtype)
-        result = self.encoder(pixels, grid_thw=grids.to(self.device))
-        tokens = [int(d["image_grid_thw"].prod(-1).sum()) // self.merge_unit for d in data]
-        embeds = result.pooler_output.split(tokens)
-        deep = [feature.split(tokens) for feature in result.deepstack_features]
-        for k, owner in enumerate(owners):
-            out[owner] = {
-                "image_embeds": embeds[k].cpu(),
-                "deepstack": torch.stack([layer[k] for layer in deep]).cpu(),
-            }
+        none = {"embeds": empty, "deepstack": empty.new_zeros(self.layers, 0, self.hidden)}
+        # One tower call over (request, kind) parts: each request's images, then its videos.
+        parts = [(i, kind) for i, item in enumerate(batch) for kind in KINDS
+                 if item.payload.data.get(KINDS[kind][0]) is not None]
+        got: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+        if parts:
+            data = [(batch[i].payload.data, KINDS[kind]) for i, kind in parts]
+            grids = torch.cat([d[grid] for d, (_, grid) in data])
+            pixels = torch.cat([d[key] for d, (key, _) in data]).to(self.device, self.encoder.dtype)
+            result = self.encoder(pixels, grid_thw=grids.to(self.device))
+            tokens = [int(d[grid].prod(-1).sum()) // self.merge_unit for d, (_, grid) in data]
+            embeds = result.pooler_output.split(tokens)
+            deep = [feature.split(tokens) for feature in result.deepstack_features]
+            for k, part in enumerate(parts):
+                got[part] = {"embeds": embeds[k].cpu(), "deepstack": torch.stack([layer[k] for layer in deep]).cpu()}
+        out = []
+        for i in range(len(batch)):
+            image, video = got.get((i, "image"), none), got.get((i, "video"), none)
+            out.append({"image_embeds": image["embeds"], "deepstack": image["deepstack"],
+                        "video_embeds": video["embeds"], "video_deepstack": video["deepstack"]})
         return out
