@@ -12,7 +12,12 @@ The evidence: the echo follows the far end's loudness, some delay later. Every
 end is correlated with the far end's at each lag from 0 to :data:`MAX_LAG` frames (600 ms, the
 canceller's reach); the best correlation switches the echo on at :data:`ON` and off below
 :data:`OFF` (hysteresis). While either side is flat (silence) nothing is learnt and the state
-holds: the same phone on the same table echoes the next answer too. It starts as "echo": the first
+holds: the same phone on the same table echoes the next answer too. One exception: a far end
+that plays a steady sound (a tone, whose loudness does not move: the toy preset's voice, hold
+music's sustained notes) has a steady echo too, so a near end whose loudness moves meanwhile is the
+caller's and no echo: "none" (AEC3 would otherwise suppress the caller for as long as it plays),
+once the far end has been steady over all the window's lags (2.6 s: before, its start is a step
+that the caller's first words, another step, follow closely enough to look like its echo). It starts as "echo": the first
 answer's echo is cancelled from its first frame, and a line without echo shows itself as soon as
 the caller speaks over the agent. This estimates nothing but a yes or no;
 the cancelling is AEC3's.
@@ -33,6 +38,7 @@ EVERY = 5  # frames between decisions (50 ms)
 ON, OFF = 0.5, 0.25  # best correlation that says "echo", and below which it says "none"
 FLOOR_DB = -90.0
 MIN_SPREAD_DB = 3.0  # an envelope flatter than this (silence) is no evidence
+STEADY_DB = -60.0  # a flat far end above this level is a steady sound, not silence
 
 
 _FLOOR = 10 ** (FLOOR_DB / 10)
@@ -74,7 +80,10 @@ class EchoPresence:
         fars = sliding_window_view(self._far, WINDOW)  # row k: the far end MAX_LAG - k frames ago
         spread = np.ptp(fars, axis=1)
         if spread.max() < MIN_SPREAD_DB:
-            return  # the agent was silent: nothing learnt, the state holds
+            if self._far.min() > STEADY_DB:  # a steady sound: what moves in the near end is the caller
+                self.correlation = 0.0
+                self.present = False
+            return  # else the agent was silent: nothing learnt, the state holds
         centred = fars - fars.mean(axis=1, keepdims=True)
         norms = np.linalg.norm(centred, axis=1) * np.linalg.norm(near)
         corr = np.where(norms > 0, centred @ near / np.maximum(norms, 1e-12), 0.0)
