@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -78,14 +80,17 @@ class SpeakerphoneCaller:
             await asyncio.sleep(max(0.0, due - loop.time()))  # a microphone's pace
 
 
-async def call(tmp_path: Path, *options: str) -> tuple[SpeakerphoneCaller, SpeakingPipeline]:
-    """One call: the question, then the answer on the speakerphone until it ended (completed or
-    cut) and its echo had time to come back; the caller and the pipeline fake."""
+@asynccontextmanager
+async def sip_call(tmp_path: Path, *options: str, rtp_ports: tuple[int, int] = (44100, 44199),
+                   ) -> AsyncIterator[tuple[SpeakerphoneCaller, SpeakingPipeline]]:
+    """A call to the server's SIP stack (``options``: the command line's) answered with a
+    :class:`SpeakingPipeline`: the phone runs for the block, then hangs up (BYE) and everything
+    is closed."""
     settings = speaking_preset(tmp_path, *options).settings
     pipeline = SpeakingPipeline()
     server = SipServer(SipAgent(settings, SessionRegistry(settings.max_sessions), lambda: pipeline,
                                 "speaking"),
-                       SipConfig(port=0, rtp_ports=(44100, 44199)))
+                       SipConfig(port=0, rtp_ports=rtp_ports))
     await server.start()
     uac = await RawUac.open()
     uac.server = ("127.0.0.1", server.port)
@@ -98,11 +103,7 @@ async def call(tmp_path: Path, *options: str) -> tuple[SpeakerphoneCaller, Speak
         (line,) = parse_offer(ok.body.decode())  # the answer's audio: where the agent takes RTP
         phone = SpeakerphoneCaller(rtp, (line.address or "127.0.0.1", line.port))
         phone_task = asyncio.create_task(phone.run())
-        phone.mic.say(speech(QUESTION, RATE, 0.2, 0.0))
-        await wait_until(lambda: pipeline.requests, TIMEOUT)
-        # The answer ended (to its end, or cut) and its echo came back and was heard or not.
-        await wait_until(lambda: phone.quiet_for() >= DELAY_S + 1.0 or len(pipeline.requests) > 1,
-                         TIMEOUT)
+        yield phone, pipeline
         uac.request("BYE", call_id=uac.call_id, cseq=2, to_tag=ok.to_tag)
         await uac.response(200)
     finally:
@@ -112,6 +113,17 @@ async def call(tmp_path: Path, *options: str) -> tuple[SpeakerphoneCaller, Speak
         rtp.close()
         uac.close()
         await server.close()
+
+
+async def call(tmp_path: Path, *options: str) -> tuple[SpeakerphoneCaller, SpeakingPipeline]:
+    """One call: the question, then the answer on the speakerphone until it ended (completed or
+    cut) and its echo had time to come back; the caller and the pipeline fake."""
+    async with sip_call(tmp_path, *options) as (phone, pipeline):
+        phone.mic.say(speech(QUESTION, RATE, 0.2, 0.0))
+        await wait_until(lambda: pipeline.requests, TIMEOUT)
+        # The answer ended (to its end, or cut) and its echo came back and was heard or not.
+        await wait_until(lambda: phone.quiet_for() >= DELAY_S + 1.0 or len(pipeline.requests) > 1,
+                         TIMEOUT)
     return phone, pipeline
 
 

@@ -130,6 +130,29 @@ async def test_a_camera_reaches_the_window_of_a_call_that_takes_video() -> None:
         await client.close()
 
 
+async def test_a_4k_camera_is_dropped_unread_while_the_call_goes_on() -> None:
+    """A 3840x2160 track over a real aiortc call: aiortc decodes each frame in its own thread, and
+    the window drops it without reading its pixels (``too_large``, counted): nothing is kept, and
+    the caller's audio keeps arriving meanwhile."""
+    window = VideoWindow(VideoInput(fps=5, max_side=160), LOG)  # max_pixels: 1920x1088
+    listener = Recorder()
+    server = CallPeer("video-4k", LOOPBACK, listener, window)
+    camera = TestPattern(3840, 2160)
+    client = ClientPeer(MediaPlayer(str(speech_wav("Look at this big picture.", 48000))).audio,
+                        video=camera)
+    too_large, kept = counted("too_large"), counted("kept")
+    try:
+        await client.connect(server)
+        await client.wait_for(lambda: counted("too_large") - too_large >= 3, timeout=60)
+        heard = len(listener.audio)
+        await client.wait_for(lambda: counted("too_large") - too_large >= 5 and len(listener.audio) > heard,
+                              timeout=60)
+        assert window.pictures == [] and counted("kept") == kept
+    finally:
+        await server.close("test over")
+        await client.close()
+
+
 async def test_a_call_that_cannot_see_rejects_the_camera() -> None:
     """The answer keeps the camera's section with port 0 (tests/api/test_hostile_sdp.py shows the
     call going on with such an answer; aiortc itself, as a client, refuses a rejected section

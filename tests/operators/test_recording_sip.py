@@ -12,28 +12,21 @@ answer's transcript was truncated to what was heard.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
 
-from duplex.registry import SessionRegistry
-from duplex.transports.sip import SipConfig, SipServer
-from duplex.transports.sip.agent import SipAgent
-from duplex.transports.sip.sdp import parse_offer
 from harness.speech import speech
 from tests.e2e.speakerphone import (
     INTERRUPTION,
     QUESTION,
     Microphone,
-    SpeakingPipeline,
     answer_span_s,
-    speaking_preset,
     voiced_span_s,
 )
-from tests.e2e.test_echo_sip import FRAME, RATE, TIMEOUT, SpeakerphoneCaller
+from tests.e2e.test_echo_sip import FRAME, RATE, TIMEOUT, SpeakerphoneCaller, sip_call
 from tests.operators.recordings import read, runs
-from tests.telephony.peers import RawUac, UdpPeer, sdp_offer, wait_until
+from tests.telephony.peers import wait_until
 
 HEARD_BEFORE_S = 1.2  # of the answer, before the caller talks over it
 CLEARED_WITHIN_S = 1.0  # the caller's voice to the end of the agent's (the barge-in's bound)
@@ -47,24 +40,9 @@ def heard_s(phone: SpeakerphoneCaller) -> float:
 async def test_a_sip_call_is_recorded_with_the_agent_cut_at_the_barge_in(tmp_path: Path) -> None:
     folder = tmp_path / "calls"
     folder.mkdir()
-    settings = speaking_preset(tmp_path, "--record-dir", str(folder)).settings
-    pipeline = SpeakingPipeline()
-    server = SipServer(SipAgent(settings, SessionRegistry(settings.max_sessions), lambda: pipeline,
-                                "speaking"),
-                       SipConfig(port=0, rtp_ports=(44300, 44399)))
-    await server.start()
-    uac = await RawUac.open()
-    uac.server = ("127.0.0.1", server.port)
-    rtp = await UdpPeer.open()
-    phone_task: asyncio.Task[None] | None = None
-    try:
-        uac.request("INVITE", body=sdp_offer(rtp.port, formats="0 101"))
-        ok = await uac.response(200)
-        uac.request("ACK", call_id=uac.call_id, to_tag=ok.to_tag)
-        (line,) = parse_offer(ok.body.decode())
-        phone = SpeakerphoneCaller(rtp, (line.address or "127.0.0.1", line.port))
-        phone.mic = Microphone(RATE, 0.0, echo=False)
-        phone_task = asyncio.create_task(phone.run())
+    recorded = sip_call(tmp_path, "--record-dir", str(folder), rtp_ports=(44300, 44399))
+    async with recorded as (phone, pipeline):
+        phone.mic = Microphone(RATE, 0.0, echo=False)  # a handset: no echo
         phone.mic.say(speech(QUESTION, RATE, 0.2, 0.0))
         await wait_until(lambda: heard_s(phone) >= HEARD_BEFORE_S, TIMEOUT)
         interrupted_at = len(phone.heard)  # frames, on the phone's clock
@@ -75,17 +53,8 @@ async def test_a_sip_call_is_recorded_with_the_agent_cut_at_the_barge_in(tmp_pat
         await wait_until(lambda: phone.quiet_for() >= 0.6, TIMEOUT)
         cut_at = len(phone.heard)
         await wait_until(lambda: voiced_span_s(phone.heard[cut_at:], RATE) >= 0.5, TIMEOUT)
-        uac.request("BYE", call_id=uac.call_id, cseq=2, to_tag=ok.to_tag)
-        await uac.response(200)
-        await wait_until(lambda: list(folder.glob("*.jsonl"))
-                         and '"end"' in next(folder.glob("*.jsonl")).read_text(), TIMEOUT)
-    finally:
-        if phone_task is not None:
-            phone_task.cancel()
-            await asyncio.gather(phone_task, return_exceptions=True)
-        rtp.close()
-        uac.close()
-        await server.close()
+    await wait_until(lambda: list(folder.glob("*.jsonl"))
+                     and '"end"' in next(folder.glob("*.jsonl")).read_text(), TIMEOUT)
 
     # What the phone heard of the first answer: from its first voiced frame to the interruption's
     # cut (the second answer begins after a silence).
