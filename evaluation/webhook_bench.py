@@ -39,11 +39,10 @@ from evaluation.bench_common import (
     format_table,
     machine,
     run_in_loopback_namespace,
-    save_figure,
     save_results,
     summarize,
 )
-from evaluation.dial_bench import TIMEOUT, Udp, open_udp
+from evaluation.dial_bench import TIMEOUT, Udp, open_udp, plot_calls
 from harness.server import free_port, run_server, write_preset
 
 MEASURES = ("invite_to_webhook_ms", "accept_to_ok_ms", "accept_request_ms", "invite_to_ok_ms")
@@ -175,19 +174,7 @@ async def bench(calls: int) -> dict[str, Any]:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name in MEASURES:
-        ax.plot([c[name] for c in results["calls"]], "o-", label=name.removesuffix("_ms").replace("_", " "))
-    ax.set_xlabel("call")
-    ax.set_ylabel("ms")
-    ax.set_title("Incoming SIP calls accepted through the webhook, toy preset")
-    ax.legend()
-    save_figure(fig, path, dpi=100)
+    plot_calls(results, path, MEASURES, "Incoming SIP calls accepted through the webhook, toy preset")
 
 
 def main() -> None:
