@@ -53,6 +53,13 @@ async def heard_after(rt: RealtimeClient, text: str) -> None:
                                   for e in rt.of("conversation.item.done")))
 
 
+async def slow_call(rt: RealtimeClient) -> None:
+    """The user asks, the model is made to call the hanging tool, and the call runs."""
+    await rt.connection.conversation.item.create(item=user_text("Look it up, it takes a while."))
+    await rt.connection.response.create(response=force("hang"))
+    await rt.wait("response.mcp_call.in_progress")
+
+
 def saying(duplex: Duplex, rt: RealtimeClient) -> list[int]:
     """Which of the session's requests were asked to say the filler."""
     return [i for i, r in enumerate(asked(duplex, rt)) if r.params.get("say") == FILLER]
@@ -62,9 +69,7 @@ async def test_a_slow_mcp_call_gets_the_filler_in_its_response_and_is_answered_a
     duplex: Duplex, tool_server: ToolServer,
 ) -> None:
     async with spoken_session(duplex, tool_server) as rt:
-        await rt.connection.conversation.item.create(item=user_text("Look it up, it takes a while."))
-        await rt.connection.response.create(response=force("hang"))
-        await rt.wait("response.mcp_call.in_progress")
+        await slow_call(rt)
         await rt.append(silence(FILLER_AFTER_MS // 2))
         await eventually(lambda: tool_server.seen("hang"), "the MCP server to get the call")
         assert saying(duplex, rt) == []  # not yet
@@ -98,9 +103,7 @@ async def test_a_slow_mcp_call_gets_the_filler_in_its_response_and_is_answered_a
 
 async def test_a_fast_call_or_a_text_answer_gets_no_filler(duplex: Duplex, tool_server: ToolServer) -> None:
     async with spoken_session(duplex, tool_server) as rt:
-        await rt.connection.conversation.item.create(item=user_text("Look it up."))
-        await rt.connection.response.create(response=force("hang"))
-        await rt.wait("response.mcp_call.in_progress")
+        await slow_call(rt)
         await eventually(lambda: tool_server.seen("hang"), "the MCP server to get the call")
         tool_server.release.set()  # answers before the caller's audio reaches the filler's time
         first = await rt.wait("response.done")
@@ -115,9 +118,7 @@ async def test_cancelling_during_the_filler_ends_the_call_and_the_filler(
     duplex: Duplex, tool_server: ToolServer,
 ) -> None:
     async with spoken_session(duplex, tool_server) as rt:
-        await rt.connection.conversation.item.create(item=user_text("Look it up, it takes a while."))
-        await rt.connection.response.create(response=force("hang"))
-        await rt.wait("response.mcp_call.in_progress")
+        await slow_call(rt)
         await rt.append(silence(2 * FILLER_AFTER_MS))
         await eventually(lambda: saying(duplex, rt) == [1], "the filler")
         await rt.wait("response.output_audio.delta")
