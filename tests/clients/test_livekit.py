@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -209,10 +210,20 @@ class ForecastAgent(Agent):
         return "sunny"
 
 
-async def test_livekit_agents_tool_call_round_trip(server: ServerProcess) -> None:
-    """The toy calls the agent's tool for the user's question; the session runs it with the
-    server's arguments, sends its result and asks for the answer, which the speaker plays."""
-    model = realtime.RealtimeModel(base_url=f"{server.url}/v1", api_key=API_KEY)
+@dataclass
+class ForecastRun:
+    """An AgentSession's run of one user question with :class:`ForecastAgent`: its result, the
+    agent, its speaker, the server events its realtime session received, the session's errors."""
+
+    result: Any
+    agent: ForecastAgent
+    speaker: Speaker
+    events: list[dict[str, Any]]
+    errors: list[Any]
+
+
+async def forecast_run(model: realtime.RealtimeModel) -> ForecastRun:
+    """Ask ``model``'s AgentSession about tomorrow's weather, then close the session and model."""
     agent, speaker = ForecastAgent(), Speaker()
     session = AgentSession(llm=model)
     session.output.audio = speaker
@@ -228,6 +239,14 @@ async def test_livekit_agents_tool_call_round_trip(server: ServerProcess) -> Non
     finally:
         await session.aclose()
         await model.aclose()
+    return ForecastRun(result, agent, speaker, events, errors)
+
+
+async def test_livekit_agents_tool_call_round_trip(server: ServerProcess) -> None:
+    """The toy calls the agent's tool for the user's question; the session runs it with the
+    server's arguments, sends its result and asks for the answer, which the speaker plays."""
+    run = await forecast_run(realtime.RealtimeModel(base_url=f"{server.url}/v1", api_key=API_KEY))
+    result, agent, speaker, events, errors = run.result, run.agent, run.speaker, run.events, run.errors
     assert not [e for e in events if e["type"] == "error"], events
     assert not errors, errors
 

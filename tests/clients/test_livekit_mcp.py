@@ -31,14 +31,13 @@ from typing import Any
 
 import httpx
 import pytest
-from livekit.agents import AgentSession
 from livekit.plugins.openai import realtime
 
 from harness.mcp_tools import ToolServer
 from harness.server import ServerProcess
 from harness.speech import speech
 from tests.api.helpers import AUTH, answer_samples
-from tests.clients.test_livekit import RATE, TIMEOUT, ForecastAgent, LiveKitPeer, Speaker
+from tests.clients.test_livekit import RATE, LiveKitPeer, forecast_run
 
 SECRET_HEADER = "lk-mcp-header-5d0c7e"
 
@@ -136,21 +135,8 @@ async def test_livekit_agent_sessions_tools_replace_the_secrets_mcp_tool(
     caplog.set_level(logging.ERROR, logger="livekit")
     mcp_tools.calls.clear()
     key = await client_secret(mcp_server, {"type": "realtime", "tools": [mcp_tool(mcp_tools)]})
-    model = realtime.RealtimeModel(base_url=f"{mcp_server.url}/v1", api_key=key)
-    agent, speaker = ForecastAgent(), Speaker()
-    session = AgentSession(llm=model)
-    session.output.audio = speaker
-    errors: list[Any] = []
-    session.on("error", errors.append)
-    events: list[dict[str, Any]] = []
-    try:
-        await session.start(agent)
-        agent.realtime_llm_session.on("openai_server_event_received", events.append)
-        async with asyncio.timeout(TIMEOUT):
-            result = await session.run(user_input="What will the weather be tomorrow?")
-    finally:
-        await session.aclose()
-        await model.aclose()
+    run = await forecast_run(realtime.RealtimeModel(base_url=f"{mcp_server.url}/v1", api_key=key))
+    result, agent, speaker, events, errors = run.result, run.agent, run.speaker, run.events, run.errors
     assert not of(events, "error"), of(events, "error")
     assert not errors, errors
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records
