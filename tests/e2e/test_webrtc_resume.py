@@ -12,9 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from aiortc import RTCSessionDescription
 
-from harness.calls import QUESTION, TIMEOUT, Call, assert_subsequence, audible_seconds
+from harness.calls import QUESTION, TIMEOUT, Call, answered, assert_subsequence, audible_seconds
 from harness.mic import ScriptedMic
 from harness.peers import ClientPeer
 from harness.server import ServerProcess, run_server, write_preset
@@ -70,17 +69,10 @@ async def offer(server: ServerProcess, token: str | None = None, key: str = API_
 
 
 async def connect(peer: ClientPeer, answer: httpx.Response) -> Call:
-    """The call ``answer`` (a 201) opens, its events channel open and ``session.created`` in."""
-    assert answer.status_code == 201, answer.text
-    await peer.pc.setRemoteDescription(
-        RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
-    peer.channel.on("open", peer.notify)
-    await peer.wait_for(lambda: peer.channel.readyState == "open", TIMEOUT)
+    """The call ``answer`` (a 201 to ``peer``'s offer) opens, with ``peer``'s microphone."""
     mic = peer.pc.getSenders()[0].track
     assert isinstance(mic, ScriptedMic)
-    call = Call(peer, mic, answer.headers["location"])
-    await call.wait_event("session.created")
-    return call
+    return await answered(peer, mic, answer)
 
 
 async def open_call(server: ServerProcess, token: str | None = None, **how: Any) -> Call:

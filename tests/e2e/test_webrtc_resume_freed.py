@@ -15,13 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
-from aiortc import RTCSessionDescription
 
 from duplex.app_state import AppState
 from duplex.serve import create_app
 from duplex.settings import load_preset
 from duplex.transports.webrtc.call import WebRTCCall
 from duplex.transports.webrtc.ice import IcePolicy
+from harness.calls import answered
 from harness.mic import ScriptedMic
 from harness.peers import ClientPeer
 from harness.server import write_preset
@@ -53,17 +53,13 @@ async def app(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[h
 
 
 async def connect(http: httpx.AsyncClient, token: str | None = None) -> tuple[ClientPeer, str]:
-    """A client peer with its events channel open; the call's path."""
-    peer = ClientPeer(ScriptedMic())
+    """A client peer with its events channel open and ``session.created`` in; the call's path."""
+    mic = ScriptedMic()
+    peer = ClientPeer(mic)
     answer = await http.post("/v1/realtime/calls", content=await peer.offer(),
                              params={"resume_token": token} if token else None,
                              headers={"Content-Type": "application/sdp"})
-    assert answer.status_code == 201, answer.text
-    await peer.pc.setRemoteDescription(
-        RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
-    peer.channel.on("open", peer.notify)
-    await peer.wait_for(lambda: peer.channel.readyState == "open")
-    return peer, answer.headers["location"]
+    return peer, (await answered(peer, mic, answer)).path
 
 
 def events(peer: ClientPeer, kind: str) -> list[dict[str, Any]]:

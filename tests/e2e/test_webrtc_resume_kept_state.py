@@ -12,10 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from aiortc import RTCSessionDescription
 
 from duplex.app_state import AppState
-from harness.calls import TIMEOUT, Call
+from harness.calls import TIMEOUT, Call, answered
 from harness.mic import ScriptedMic
 from harness.peers import ClientPeer
 from pipeline.models import StageContext, get_model
@@ -35,21 +34,13 @@ pytestmark = pytest.mark.e2e
 async def open_call(base: str, token: str | None = None) -> Call:
     """A WebRTC call to ``base`` (a resume with ``token``), its events channel open and
     ``session.created`` in."""
-    peer = ClientPeer(ScriptedMic())
+    mic = ScriptedMic()
+    peer = ClientPeer(mic)
     async with httpx.AsyncClient(timeout=TIMEOUT) as http:
         answer = await http.post(f"{base}/v1/realtime/calls", content=await peer.offer(),
                                  params={"resume_token": token} if token else None,
                                  headers={"Content-Type": "application/sdp"})
-    assert answer.status_code == 201, answer.text
-    await peer.pc.setRemoteDescription(
-        RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
-    peer.channel.on("open", peer.notify)
-    await peer.wait_for(lambda: peer.channel.readyState == "open", TIMEOUT)
-    mic = peer.pc.getSenders()[0].track
-    assert isinstance(mic, ScriptedMic)
-    call = Call(peer, mic, answer.headers["location"])
-    await call.wait_event("session.created")
-    return call
+    return await answered(peer, mic, answer)
 
 
 async def test_a_resumed_call_continues_the_kept_state_exactly(
