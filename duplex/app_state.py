@@ -26,6 +26,9 @@ class AppState:
     # Resume tokens and grace periods of Realtime WebSocket sessions (docs/resume.md); made with
     # the app from the preset's resume_grace_s.
     resumes: ResumeStore = field(default_factory=lambda: ResumeStore(0))
+    # Those of WebRTC calls, apart: a token resumes only a session of the transport it was issued
+    # on, so that neither endpoint is ever handed a session it cannot serve.
+    call_resumes: ResumeStore = field(default_factory=lambda: ResumeStore(0))
     pipeline_error: str | None = None  # why it could not start
     # New Realtime WebSocket sessions per client address: a client that is closed for flooding
     # and comes straight back gets a fresh event budget each time; this bounds how often. 20 at

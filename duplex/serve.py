@@ -129,7 +129,8 @@ def create_app(preset: Preset, policy: IcePolicy) -> FastAPI:
     settings = preset.settings
     app = FastAPI(title="duplex", lifespan=_lifespan, exception_handlers=HANDLERS)
     app.state.duplex = AppState(preset, SessionRegistry(settings.max_sessions), policy,
-                                resumes=ResumeStore(settings.session.resume_grace_s))
+                                resumes=ResumeStore(settings.session.resume_grace_s),
+                                call_resumes=ResumeStore(settings.session.resume_grace_s))
     # SIP calls ringing while the --call-webhook app decides (the call API's accept/reject).
     app.state.ringing_calls = None
     app.state.sip_agent = None  # set while the SIP server runs

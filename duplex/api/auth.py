@@ -66,6 +66,12 @@ def require_key(request: Request) -> None:
         raise _refused()
 
 
+def request_credential(request: Request) -> str | None:
+    """The key or client secret an HTTP request presents (``Authorization: Bearer``), or None:
+    what a resumable WebRTC call is bound to (``duplex.session.resume`` keeps only a digest)."""
+    return _bearer(request.headers.get("authorization")) or None
+
+
 def request_secret(request: Request) -> ClientSecret | None:
     """The live client secret an HTTP request carries, or None."""
     return _secret(request.app.state, _bearer(request.headers.get("authorization")))

@@ -1,11 +1,5 @@
 """What a WebRTC offer (``POST /v1/realtime/calls``, duplex/api/realtime_calls.py) carries, read
-from the request: the SDP, the session config, the resume token (docs/resume.md) and the credential
-it authenticated with; and the store of WebRTC calls' resume tokens.
-
-The store (:func:`call_resumes`) lives on ``app.state`` for the server's life, beside the WebSocket
-sessions' (``AppState.resumes``): a token resumes only a session of the transport it was issued
-on, so that neither endpoint is ever handed a session it cannot serve.
-"""
+from the request: the SDP, the session config and the resume token (docs/resume.md)."""
 
 from __future__ import annotations
 
@@ -17,9 +11,7 @@ from fastapi import Request
 from starlette.datastructures import FormData
 from starlette.types import Message
 
-from duplex.api.auth import app_state
 from duplex.api.errors import MAX_BODY_BYTES, APIError, read_body
-from duplex.session.resume import ResumeStore
 
 
 @dataclass(frozen=True)
@@ -80,23 +72,3 @@ async def _capped_form(request: Request) -> FormData:
     return await Request(request.scope, replay).form(max_files=3, max_fields=3,
                                                      max_part_size=MAX_BODY_BYTES)
 
-
-def call_resumes(request: Request) -> ResumeStore:
-    """The resume tokens and grace periods of WebRTC calls: a store of the app's, made on first
-    use with the preset's ``resume_grace_s``, beside the WebSocket sessions' (``AppState.resumes``)
-    so that neither transport is ever handed the other's session."""
-    holder = request.app.state
-    store = getattr(holder, "webrtc_resumes", None)
-    if store is None:
-        grace_s = app_state(request).settings.session.resume_grace_s
-        store = holder.webrtc_resumes = ResumeStore(grace_s)
-    return store
-
-
-def request_credential(request: Request) -> str | None:
-    """The API key or client secret the request authenticated with (``Authorization: Bearer``),
-    None without one: what a resumable call is bound to (the store keeps only a digest)."""
-    header = request.headers.get("authorization", "")
-    if not header.lower().startswith("bearer "):
-        return None
-    return header[7:].strip() or None

@@ -16,7 +16,7 @@ part of the multipart body or the ``resume_token`` query parameter, with the sam
 secret as the call's first offer: ``201`` with the answer and the same ``Location``, and the
 session goes on through the new peer. A token that is unknown, used, expired or another
 credential's gets ``400`` ``invalid_resume_token``; no session is made. WebRTC calls and WebSocket
-sessions keep their tokens apart (:func:`~duplex.api.call_offers.call_resumes`): a token resumes
+sessions keep their tokens apart (``AppState.call_resumes`` beside ``resumes``): a token resumes
 only a session of the transport it was issued on.
 """
 
@@ -30,8 +30,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from duplex.api.auth import app_state, request_secret, require_key
-from duplex.api.call_offers import Offer, call_resumes, read_offer, request_credential
+from duplex.api.auth import app_state, request_credential, request_secret, require_key
+from duplex.api.call_offers import Offer, read_offer
 from duplex.api.ephemeral_keys import apply_secret_session
 from duplex.api.errors import ERROR_RESPONSES, APIError, read_body, require_pipeline
 from duplex.protocol.session_update import apply_session_update
@@ -115,7 +115,7 @@ async def create_call(request: Request) -> Response:
     if offer.resume_token is not None:
         return await _resume(request, offer)
     call = WebRTCCall(state.settings, state.policy, pipeline, state.registry, state.settings.preset,
-                      call_resumes(request))
+                      state.call_resumes)
     secret = request_secret(request)
     if secret is not None and secret.session is not None:
         apply_secret_session(call.session, secret.session)
@@ -148,7 +148,7 @@ async def _resume(request: Request, offer: Offer) -> Response:
         raise APIError(400, str(err), "invalid_sdp", param="sdp") from None
     answer: str | None = None
     try:
-        call = call_resumes(request).take(offer.resume_token or "", request_credential(request))
+        call = app_state(request).call_resumes.take(offer.resume_token or "", request_credential(request))
         assert isinstance(call, WebRTCCall)
         try:
             answer = await call.resume(offer.sdp)

@@ -104,4 +104,4 @@ async def test_a_resumed_call_never_resumed_again_is_freed_at_once(
             await asyncio.sleep(0.02)
         alive = [name for name, ref in refs.items() if ref() is not None]
     assert not alive, f"still alive after the session ended: {alive}"
-    assert len(application.state.webrtc_resumes) == 0  # the store's entry went with it
+    assert len(application.state.duplex.call_resumes) == 0  # the store's entry went with it
