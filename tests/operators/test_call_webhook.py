@@ -103,14 +103,34 @@ class Service:
             and self.state.registry.held == 0
 
 
+def say_ulaw(folder: Path, text: str) -> None:
+    """``question.ulaw`` in ``folder``, what sipp's callers say: ``text`` (espeak-ng, sox)."""
+    raw = folder / "question.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), text], check=True)
+    subprocess.run(["sox", str(raw), "-r", "8000", "-c", "1", "-t", "ul", str(folder / "question.ulaw")],
+                   check=True)
+
+
+@asynccontextmanager
+async def receiving(receiver: Receiver) -> AsyncIterator[str]:
+    """``receiver`` served on loopback for the block (aiohttp); the webhook's URL."""
+    webhook_app = web.Application()
+    webhook_app.router.add_post("/calls", receiver.handle)
+    runner = web.AppRunner(webhook_app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/calls"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture(scope="module")
 def speech_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """sipp's folder: the caller's question as question.ulaw (espeak-ng, sox)."""
+    """sipp's folder: the caller's question as question.ulaw."""
     tmp = tmp_path_factory.mktemp("call-webhook")
-    raw = tmp / "question.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), QUESTION], check=True)
-    subprocess.run(["sox", str(raw), "-r", "8000", "-c", "1", "-t", "ul", str(tmp / "question.ulaw")],
-                   check=True)
+    say_ulaw(tmp, QUESTION)
     return tmp
 
 
@@ -118,25 +138,18 @@ def speech_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def service(speech_dir: Path) -> AsyncIterator[Service]:
     tmp = speech_dir
     receiver = Receiver()
-    webhook_app = web.Application()
-    webhook_app.router.add_post("/calls", receiver.handle)
-    runner = web.AppRunner(webhook_app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    hook_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     sip_port = free_port()
     recordings = tmp / "calls"
     recordings.mkdir()
-    preset = write_preset(
-        tmp / "preset.yaml", pipeline=toy_pipeline(6), pipeline_mode="inproc",
-        voices=["default", "bright"], max_sessions=1, sip_port=sip_port, rtp_ports="43300-43399",
-        call_webhook=f"http://127.0.0.1:{hook_port}/calls", call_webhook_secret=SECRET,
-        call_decision_timeout_s=DECISION_S, record_dir=str(recordings))
-    async with served(preset, TIMEOUT) as server:
-        yield Service(server.http, sip_port, server.state, server.app, server.pipeline, receiver, tmp,
-                      recordings)
-    await runner.cleanup()
+    async with receiving(receiver) as webhook_url:
+        preset = write_preset(
+            tmp / "preset.yaml", pipeline=toy_pipeline(6), pipeline_mode="inproc",
+            voices=["default", "bright"], max_sessions=1, sip_port=sip_port, rtp_ports="43300-43399",
+            call_webhook=webhook_url, call_webhook_secret=SECRET,
+            call_decision_timeout_s=DECISION_S, record_dir=str(recordings))
+        async with served(preset, TIMEOUT) as server:
+            yield Service(server.http, sip_port, server.state, server.app, server.pipeline, receiver,
+                          tmp, recordings)
 
 
 def refused(service: Service, status: int, rings: bool) -> Path:

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import websockets
-from aiohttp import web
 from aiortc import RTCSessionDescription
 
 from duplex.media.recording import file_stem
@@ -30,7 +27,15 @@ from harness.peers import ClientPeer
 from harness.scripted_pipeline import ScriptedPipeline
 from harness.server import free_port, write_preset
 from tests.operators.conftest import served, toy_pipeline
-from tests.operators.test_call_webhook import SECRET, TARGET, Receiver, Service, calling
+from tests.operators.test_call_webhook import (
+    SECRET,
+    TARGET,
+    Receiver,
+    Service,
+    calling,
+    receiving,
+    say_ulaw,
+)
 from tests.telephony.peers import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -44,35 +49,20 @@ TRANSFER_CALL = {"enabled": True, "targets": {"desk": {"uri": TARGET, "descripti
 @pytest.fixture(scope="module")
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
     tmp = tmp_path_factory.mktemp("transfer-call")
-    _say(tmp, "Please put me through to the accounts department.")
+    say_ulaw(tmp, "Please put me through to the accounts department.")
     receiver = Receiver()
-    webhook_app = web.Application()
-    webhook_app.router.add_post("/calls", receiver.handle)
-    runner = web.AppRunner(webhook_app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    hook_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     sip_port = free_port()
     recordings = tmp / "calls"
     recordings.mkdir()
-    preset = write_preset(
-        tmp / "preset.yaml", pipeline=toy_pipeline(6), pipeline_mode="inproc", max_sessions=2,
-        sip_port=sip_port, rtp_ports="43800-43899", call_webhook=f"http://127.0.0.1:{hook_port}/calls",
-        call_webhook_secret=SECRET, call_decision_timeout_s=5, record_dir=str(recordings),
-        transfer_call=TRANSFER_CALL, session={"inbound_media_timeout_s": 60})
-    async with served(preset, TIMEOUT) as server:
-        yield Service(server.http, sip_port, server.state, server.app, server.pipeline, receiver, tmp,
-                      recordings)
-    await runner.cleanup()
-
-
-def _say(folder: Path, text: str) -> None:
-    """``question.ulaw`` in ``folder``: what the caller of webhook_answered.xml says (espeak-ng, sox)."""
-    raw = folder / "question.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", "8000", "-c", "1", "-t", "ul", str(folder / "question.ulaw")],
-                   check=True)
+    async with receiving(receiver) as webhook_url:
+        preset = write_preset(
+            tmp / "preset.yaml", pipeline=toy_pipeline(6), pipeline_mode="inproc", max_sessions=2,
+            sip_port=sip_port, rtp_ports="43800-43899", call_webhook=webhook_url,
+            call_webhook_secret=SECRET, call_decision_timeout_s=5, record_dir=str(recordings),
+            transfer_call=TRANSFER_CALL, session={"inbound_media_timeout_s": 60})
+        async with served(preset, TIMEOUT) as server:
+            yield Service(server.http, sip_port, server.state, server.app, server.pipeline, receiver,
+                          tmp, recordings)
 
 
 def ws_url(service: Service) -> str:
