@@ -66,7 +66,6 @@ async def open_call(server: ServerProcess, video: MediaStreamTrack | None = None
     async with httpx.AsyncClient() as http:
         answer = await http.post(f"{server.url}/v1/realtime/calls", content=offer,
                                  headers={"Content-Type": "application/sdp"}, timeout=TIMEOUT)
-    assert answer.headers["content-type"].startswith("application/sdp")
     return await answered(peer, mic, answer)
 
 
@@ -74,6 +73,7 @@ async def answered(peer: ClientPeer, mic: ScriptedMic, answer: httpx.Response) -
     """The call that ``answer`` (the server's 201 to ``peer``'s offer) opens, its events channel
     open and ``session.created`` in."""
     assert answer.status_code == 201, answer.text
+    assert answer.headers["content-type"].startswith("application/sdp")
     await peer.pc.setRemoteDescription(
         RTCSessionDescription(peer.policy.filter_candidates(answer.text), "answer"))
     peer.channel.on("open", peer.notify)
