@@ -11,7 +11,9 @@ the caller hears it, on the transport's own clock:
   (``duplex/media/marked_playout.py``);
 - the Realtime WebSocket: each chunk as it is sent; the client plays it after what it already has
   (``agent_sent``), so chunks are laid out one after the other from their sending, as
-  ``duplex/media/recording.py`` lays them out.
+  ``duplex/media/recording.py`` lays them out, and cut where the client stopped playing
+  (``cut_agent``, at ``input_audio_buffer.speech_started``): else the canceller would take the
+  answer's unplayed rest for an echo still to come and suppress the caller's words under it.
 
 :class:`FarEnd` is such a tap. It resamples what it is told to 16 kHz and lays it on a timeline of
 sample positions (``(time - start) * 16000`` on the monotonic clock), kept continuous across the
@@ -77,6 +79,15 @@ class FarEnd:
             self._lay(start, audio)
         if self.downstream is not None:
             self.downstream.agent_sent(samples, rate, at)
+
+    def cut_agent(self, at: float) -> None:
+        """The client stopped playing at ``at``: what was laid out after it is dropped."""
+        cut = self.pos(at)
+        kept = [(start, audio[: cut - start]) for start, audio in self._segments if start < cut]
+        self._segments = deque((start, audio) for start, audio in kept if len(audio))
+        self._end = min(self._end, cut)
+        if self.downstream is not None:
+            self.downstream.cut_agent(at)
 
     # --- the canceller's side ----------------------------------------------------------------
 

@@ -50,6 +50,10 @@ class AudioTap(Protocol):
     def agent_sent(self, samples: np.ndarray, rate: int, at: float) -> None:
         """``samples`` were sent at ``at`` to a client that plays them after what it has."""
 
+    def cut_agent(self, at: float) -> None:
+        """The client stopped playing at ``at``: what it was sent and had not played yet never
+        played (a Realtime client stops at ``input_audio_buffer.speech_started``)."""
+
 
 class AgentAudio(Protocol):
     paces_playout: bool

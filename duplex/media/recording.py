@@ -10,7 +10,7 @@ recording began, when the call was admitted): left, the caller's audio as the se
   Twilio had played everything before it): a chunk cut by ``clear`` is kept whole;
 - the Realtime WebSocket: the client plays what it is sent in real time from the first chunk on,
   and stops at ``input_audio_buffer.speech_started``: the chunks are laid out one after the other
-  from their sending and cut at that event.
+  from their sending and cut at that event (the session tells its AgentAudio's tap, ``cut_agent``).
 
 Each side is placed by when it arrived (or played), and kept continuous across the jitter of its
 packets (:data:`JITTER_S`); a gap longer than that is silence, as the caller had it.
@@ -205,9 +205,6 @@ class CallRecording:
         now = self._clock()
         kind = message.get("type")
         if kind == "input_audio_buffer.speech_started":
-            # The client stops its playback here (a Realtime client's duty); paced transports
-            # have nothing scheduled.
-            self.cut_agent(now)
             self._user_turns[str(message.get("item_id"))] = [int(message.get("audio_start_ms") or 0), 0]
         elif kind == "input_audio_buffer.speech_stopped":
             turn = self._user_turns.get(str(message.get("item_id")))

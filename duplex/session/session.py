@@ -321,6 +321,10 @@ class Session:
         self._turn_began_at = self._arrivals.of(onset_ms, time.monotonic())
         self.send(event("input_audio_buffer.speech_started", audio_start_ms=onset_ms,
                         item_id=self._user_item_id))
+        if not self.audio.paces_playout and self.audio.tap is not None:
+            # The client stops playing here (a Realtime client's duty): the rest it was sent
+            # never reaches its loudspeaker, the echo canceller's far end or the recording.
+            self.audio.tap.cut_agent(time.monotonic())
 
     def turn_ended(self, stop: SpeechStopped) -> None:
         """The user's turn ended at ``stop``: committed, and answered where turn detection answers

@@ -21,10 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 import websockets
+from fastapi import FastAPI
 
 from harness.peers import Changes
 from harness.server import serving
-from harness.speech import speech
+from harness.speech import natural_speech, speech
+from harness.wer import wer
+from pipeline.models.offline.asr import Transcriber
 from tests.e2e.speakerphone import (
     ANSWER_RATE,
     INTERRUPTION,
@@ -39,6 +42,7 @@ TICK = RATE // 50  # the microphone sends 20 ms at a time, in real time
 DELAY_S = 0.2  # loudspeaker to microphone, and back through the network
 TIMEOUT = 30.0
 ANSWER_SAMPLES = len(answer_audio())
+CORRECTION = "Wait, I meant the weekend. Is it going to rain on Saturday or Sunday?"
 
 
 class Speakerphone(Changes):
@@ -103,18 +107,25 @@ class Speakerphone(Changes):
 
 
 @pytest.fixture(scope="module")
-async def port(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[int]:
-    async with serving(speaking_app(tmp_path_factory.mktemp("echo"))) as number:
+def app(tmp_path_factory: pytest.TempPathFactory) -> FastAPI:
+    return speaking_app(tmp_path_factory.mktemp("echo"))
+
+
+@pytest.fixture(scope="module")
+async def port(app: FastAPI) -> AsyncIterator[int]:
+    async with serving(app) as number:
         yield number
 
 
-async def call(port: int, session: dict[str, Any], interrupt_after_s: float | None = None
-               ) -> Speakerphone:
+async def call(port: int, session: dict[str, Any], interrupt_after_s: float | None = None,
+               interruption: np.ndarray | None = None) -> Speakerphone:
     """One call: the question, then the answer heard on the speakerphone (and, with
-    ``interrupt_after_s``, the caller's interruption that far into it), until the answer is done
-    and its echo has come back."""
+    ``interrupt_after_s``, the caller's ``interruption`` that far into it: :data:`INTERRUPTION`
+    in a second espeak voice unless given, said in full and every turn it began committed), until
+    the answer is done and its echo has come back."""
     question = speech(QUESTION, RATE, 0.2, 0.0)
-    interruption = speech(INTERRUPTION, RATE, 0.0, 0.5, voice="en-us+f3")
+    if interruption is None:
+        interruption = speech(INTERRUPTION, RATE, 0.0, 0.5, voice="en-us+f3")
     async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime?model=gpt-realtime") as ws:
         phone = Speakerphone(ws, question)
         reader = asyncio.create_task(phone.read())
@@ -132,6 +143,12 @@ async def call(port: int, session: dict[str, Any], interrupt_after_s: float | No
             await phone.until(lambda: not len(phone._queue) and phone.echo.quiet, "the echo")
             quiet_until = phone.sent + int(0.8 * RATE)
             await phone.until(lambda: phone.sent >= quiet_until, "the echo's tail")
+            if interrupt_after_s is not None:
+                await phone.until(lambda: phone.sent - phone.talk_at >= len(interruption),
+                                  "the interruption said")
+                await phone.until(lambda: len(phone.of("input_audio_buffer.committed")) ==
+                                  len(phone.of("input_audio_buffer.speech_started")),
+                                  "its turns committed")
         finally:
             mic.cancel()
             reader.cancel()
@@ -178,3 +195,26 @@ async def test_the_callers_words_over_the_echo_interrupt_it(port: int, noise_red
     onset_ms = (phone.talk_at + voiced[0]) * 1000 // RATE
     assert abs(starts[1]["audio_start_ms"] - onset_ms) <= 300, (starts[1], onset_ms)
     assert phone.played < ANSWER_SAMPLES - RATE, phone.played / RATE
+
+
+@pytest.mark.parametrize("noise_reduction", [None, {"type": "near_field"}], ids=["plain", "near_field"])
+async def test_the_callers_words_over_the_echo_come_through_the_canceller(
+        app: FastAPI, port: int, noise_reduction: Any, transcriber: Transcriber) -> None:
+    """Content: the turn the caller spoke over the agent's echo, as the session handed it to the
+    model (after echo cancellation, and ``near_field`` suppression), recognised offline by the
+    offline preset's Whisper tiny.en, says what the caller said. The caller speaks in piper's
+    voice, which Whisper tiny.en hears exactly when alone (espeak's it mishears), and at some
+    length: its first words are the ones spoken over the echo, and in 6 words, one misheard word
+    would weigh 0.17. Before the far end was cut where the client stopped playing, the canceller
+    took the answer's unplayed rest for an echo still to come and ate the middle of the words
+    ("Wait, I meant we can do the point rain on Saturday or Sunday.")."""
+    pipeline = app.state.duplex.pipeline
+    before = len(pipeline.requests)
+    await call(port, audio_input(noise_reduction=noise_reduction), interrupt_after_s=1.5,
+               interruption=natural_speech(CORRECTION, RATE, 0.0, 0.5))
+    # The question's turn, then the caller's words over the echo: one turn, or more where the
+    # VAD heard a pause in them (turn-taking, not what this test is about).
+    turns = [request.inputs["messages"][-1] for request in pipeline.requests[before + 1:]]
+    assert turns, pipeline.requests[before:]
+    heard = " ".join(transcriber.transcribe(turn["audio"], turn["sample_rate"]) for turn in turns)
+    assert wer(CORRECTION, heard) <= 0.35, heard

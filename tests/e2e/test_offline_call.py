@@ -23,7 +23,6 @@ from harness.server import ServerProcess, run_server, write_preset
 from harness.speech import natural_speech
 from harness.wer import wer
 from pipeline.models.offline.asr import Transcriber
-from pipeline.models.offline.sources import asr_model_dir
 
 STAGES = ["asr", "judge", "lm", "tts"]
 
@@ -36,11 +35,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     preset = write_preset(tmp / "preset.yaml", base="offline", stages={"lm": {"max_new_tokens": 256}})
     with run_server(preset, tmp=tmp) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def listener() -> Transcriber:
-    return Transcriber(asr_model_dir("packaged"))
 
 
 def agent_audio(call: Call, since: float) -> np.ndarray:
@@ -58,7 +52,7 @@ async def ask(call: Call, question: str, count: int) -> tuple[str, dict]:
 
 
 async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent(
-        server: ServerProcess, listener: Transcriber) -> None:
+        server: ServerProcess, transcriber: Transcriber) -> None:
     call = await open_call(server)
     loop = asyncio.get_running_loop()
     for turn, (question, answer) in enumerate(
@@ -70,7 +64,7 @@ async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent
         said = done["response"]["output"][0]["content"][0]["transcript"]
         assert answer in said.lower(), said
         await call.wait_event("output_audio_buffer.stopped", turn)
-        heard = await asyncio.to_thread(listener.transcribe, agent_audio(call, start), 48000)
+        heard = await asyncio.to_thread(transcriber.transcribe, agent_audio(call, start), 48000)
         assert wer(said, heard) <= 0.35, (said, heard)
     # A long answer, interrupted soon after it starts: the language model writes it for a few
     # seconds and the synthesis follows, so the abort finds the request still in flight (the

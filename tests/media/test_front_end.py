@@ -39,6 +39,7 @@ class Tap:
         self.played = 0
         self.sent = 0
         self.chunks: list[int] = []  # the length of each played chunk, in turn
+        self.cuts: list[float] = []
 
     def agent_played(self, samples: np.ndarray, rate: int, at: float) -> None:
         self.played += len(samples)
@@ -46,6 +47,9 @@ class Tap:
 
     def agent_sent(self, samples: np.ndarray, rate: int, at: float) -> None:
         self.sent += len(samples)
+
+    def cut_agent(self, at: float) -> None:
+        self.cuts.append(at)
 
 
 def room(seed: int = 0, rt60_s: float = 0.2) -> np.ndarray:
@@ -186,6 +190,27 @@ def test_client_played_audio_is_laid_out_after_what_the_client_has() -> None:
     assert abs(fe.far_end.end - (start + 5 * 1600)) <= 64
     assert np.abs(fe.far_end.read(start + 7000, 160)).min() > 0.4
     assert not np.any(fe.far_end.read(start + 9000, 160))
+
+
+def test_what_the_client_never_played_leaves_the_far_end() -> None:
+    """A Realtime client stops playing at speech_started (``cut_agent``): the answer's unplayed
+    rest is no echo to come (the canceller would suppress the caller's words under it); the next
+    answer is laid out from its own sending; the recording behind is told too."""
+    clock = Clock()
+    fe, _ = front_end(clock)
+    recording = Tap()
+    fe.far_end.downstream = recording
+    start = fe.far_end.pos(clock.now)
+    fe.far_end.agent_sent(np.full(24000, 0.5, dtype=np.float32), 24000, clock.now)  # 1 s at once
+    clock.now += 0.3
+    fe.far_end.cut_agent(clock.now)
+    assert recording.cuts == [clock.now]
+    assert np.abs(fe.far_end.read(start + 4000, 160)).min() > 0.4  # played before the cut
+    assert not np.any(fe.far_end.read(start + 4800, 3200))
+    assert not fe.far_end.playing(start + 4800, start + 16000)
+    clock.now += 0.2
+    fe.far_end.agent_sent(np.full(2400, 0.5, dtype=np.float32), 24000, clock.now)
+    assert abs(fe.far_end.end - (start + 8000 + 1600)) <= 64
 
 
 def white_noise(seconds: float, level: float, seed: int = 3) -> np.ndarray:

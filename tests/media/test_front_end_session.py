@@ -4,6 +4,7 @@ sets them, and the server's ``--[no-]echo-cancellation``."""
 
 from __future__ import annotations
 
+import time
 import wave
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from duplex.session.session import Session
 from duplex.settings import SessionDefaults, load_preset
 from harness.scripted_pipeline import ScriptedPipeline
 from harness.speech import speech
+from tests.media.test_front_end import Tap
 
 RATE = 16000
 STEP = 320
@@ -117,3 +119,21 @@ async def test_the_server_option_records_each_sessions_front_end(tmp_path: Path)
     await host.session.close()
     with wave.open(str(tmp_path / "sess_front_end.front_end.wav"), "rb") as w:
         assert (w.getnchannels(), w.getnframes()) == (2, RATE - RATE % STEP)
+
+
+async def test_a_realtime_client_stops_playing_at_speech_started() -> None:
+    """A WebSocket client was sent 10 s of an answer at once; the caller speaks: with
+    speech_started the client stops playing (its duty), so the rest leaves the echo canceller's
+    far end and the call's recording (the tap behind it) is told."""
+    host = Host(turn_detection={"type": "server_vad", "create_response": False})
+    far_end = host.session.front_end.far_end
+    recording = Tap()
+    far_end.downstream = recording
+    host.session.audio.begin("resp_1", "item_1", "audio/pcm")
+    host.session.audio.play(np.full(10 * 24000, 0.1, dtype=np.float32), 24000)
+    assert far_end.end > far_end.pos(time.monotonic()) + 8 * 16000
+    host.feed(speech(QUESTION, RATE, 0.5, 1.0))
+    assert host.of("input_audio_buffer.speech_started")
+    assert len(recording.cuts) == 1
+    assert far_end.end <= far_end.pos(time.monotonic())
+    await host.session.close()

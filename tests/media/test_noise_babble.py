@@ -17,18 +17,12 @@ from harness.noise import babble, under, white_noise
 from harness.speech import natural_speech
 from harness.wer import wer
 from pipeline.models.offline.asr import Transcriber
-from pipeline.models.offline.sources import asr_model_dir
 from tests.media.test_front_end_session import RATE, Host
 
 QUESTIONS = ("What time does the library open tomorrow morning?",
              "Can you remind me to call my mother on Friday?")
 ALONE_S = 4.0  # the noise alone before the caller speaks
 SNR_DB = 10.0
-
-
-@pytest.fixture(scope="module")
-def transcriber() -> Transcriber:
-    return Transcriber(asr_model_dir("packaged"), threads=1)
 
 
 async def noisy_question(question: str, noise: np.ndarray, reduction: str | None,

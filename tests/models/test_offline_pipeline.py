@@ -24,7 +24,7 @@ from harness.wer import normalize, wer
 from pipeline.config import parse_pipeline_config, read_yaml
 from pipeline.coordinator import Coordinator
 from pipeline.models.offline.asr import Transcriber
-from pipeline.models.offline.sources import asr_model_dir, lm_source, prepare_lm
+from pipeline.models.offline.sources import lm_source, prepare_lm
 from pipeline.proto import OmniRequest, OutputChunk
 from tests.pipeline.helpers import assert_no_live_state, collect, running, wait_clear
 
@@ -49,11 +49,6 @@ async def coordinator() -> AsyncIterator[Coordinator]:
     await asyncio.to_thread(prepare_lm, lm_source("packaged"))
     async with running(CONFIG, "process") as started:
         yield started
-
-
-@pytest.fixture(scope="module")
-def transcriber() -> Transcriber:
-    return Transcriber(asr_model_dir("packaged"), threads=1)
 
 
 async def test_spoken_question_is_transcribed_before_the_answer(coordinator: Coordinator) -> None:
