@@ -14,6 +14,9 @@ take at most :data:`CONNECT_TIMEOUT_S`, a call :data:`CALL_TIMEOUT_S`, closing
 :data:`MAX_SCHEMA_CHARS` is left out, and a call's output is cut at :data:`MAX_OUTPUT_CHARS`.
 Every failure becomes an :class:`McpFailure` (or a call's ``error``), never an exception that
 reaches the session. Header values (tokens) are never logged.
+
+The SDK is imported by the first connection, not with the server: it takes ~1 s to import, which
+every server start paid whether or not a session ever named an MCP server.
 """
 
 from __future__ import annotations
@@ -23,13 +26,12 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.exceptions import MCPError
+
+if TYPE_CHECKING:
+    from mcp import Client
 
 CONNECT_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 30.0
@@ -78,6 +80,8 @@ class McpOutcome:
 
 
 def _error(err: BaseException, doing: str, timeout_s: float) -> dict[str, Any]:
+    from mcp.shared.exceptions import MCPError
+
     if isinstance(err, TimeoutError) or isinstance(err, MCPError) and err.code == TIMEOUT_CODE:
         return {"type": "protocol_error", "code": TIMEOUT_CODE,
                 "message": f"{doing}: no answer within {timeout_s:g} s"}
@@ -129,6 +133,10 @@ class McpConnection:
             raise McpFailure(_error(err, "listing tools", CONNECT_TIMEOUT_S)) from None
 
     async def _serve(self) -> None:
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
         try:
             timeout = httpx2.Timeout(CONNECT_TIMEOUT_S, read=CALL_TIMEOUT_S + 1)
             async with contextlib.AsyncExitStack() as stack:

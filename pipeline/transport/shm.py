@@ -6,6 +6,10 @@ message (a file under /dev/shm). The control plane then carries only small pickl
 tensors travel inline as their raw bytes: torch's own pickling goes through ``torch.save``'s
 machinery and costs about 0.3 ms a tensor each way, more than the rest of a hop.
 
+torch is never imported here for its own sake: a process that has not imported it (the server
+with a model set that needs none, its toy stages) can hold no tensor, and saves its ~1.5 s of
+import at start. A process that receives a tensor imports it then.
+
 Ownership: the ``ShmWriter`` of the sending endpoint creates a segment and owns it; the receiver
 copies the tensors out (``loads``) and acknowledges; on that acknowledgement the writer unlinks the
 segment (``release``). Whatever is still unacknowledged when the writer closes is unlinked then, so
@@ -18,13 +22,13 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 SHM_DIR = Path("/dev/shm")
 SEGMENT_PREFIX = "duplex-"
@@ -51,10 +55,18 @@ class _Inline:
     shape: tuple[int, ...]
 
 
+def _torch_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor (never, where torch was not imported: see module doc)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
 def _raw_bytes(obj: Any) -> tuple[np.ndarray, bool, str, tuple[int, ...]] | None:
     """The bytes of a plain dense tensor or array, or None for what pickle must handle itself
     (sparse or quantized tensors, object or structured arrays)."""
-    if isinstance(obj, torch.Tensor):
+    if _torch_tensor(obj):
+        import torch
+
         if obj.layout != torch.strided or obj.is_quantized:
             return None
         t = obj.detach().cpu().contiguous()
@@ -68,6 +80,8 @@ def _raw_bytes(obj: Any) -> tuple[np.ndarray, bool, str, tuple[int, ...]] | None
 def _rebuild(buf: bytearray, is_torch: bool, dtype: str, shape: tuple[int, ...]) -> Any:
     """A tensor or array that owns ``buf`` (writable, independent of any segment)."""
     if is_torch:
+        import torch
+
         torch_dtype = getattr(torch, dtype.removeprefix("torch."))
         if not buf:
             return torch.empty(shape, dtype=torch_dtype)
@@ -85,7 +99,7 @@ class _LiftingPickler(pickle.Pickler):
         self.size = 0
 
     def persistent_id(self, obj: Any) -> _Ref | _Inline | None:
-        if not isinstance(obj, (torch.Tensor, np.ndarray)):
+        if not isinstance(obj, np.ndarray) and not _torch_tensor(obj):
             return None
         raw = _raw_bytes(obj)
         if raw is None:
