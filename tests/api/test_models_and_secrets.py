@@ -10,7 +10,7 @@ import pytest
 from openai import AsyncOpenAI, AuthenticationError
 
 from duplex.api import ephemeral_keys
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.transports.webrtc.ice import IcePolicy
 from harness.server import ServerProcess, write_preset

@@ -14,7 +14,7 @@ import numpy as np
 from aiortc import RTCSessionDescription
 from fastapi import FastAPI
 
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import Preset, load_preset
 from duplex.transports.webrtc.ice import IcePolicy
 from harness.peers import ClientPeer

@@ -16,7 +16,7 @@ import pytest
 from aiortc import RTCSessionDescription
 
 from duplex.app_state import AppState
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.transports.webrtc.ice import IcePolicy, parse_ice_server
 from harness.mic import ScriptedMic

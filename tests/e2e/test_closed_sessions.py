@@ -28,7 +28,7 @@ import websockets
 
 from duplex.app_state import AppState
 from duplex.media.pcm import float_to_pcm16, ulaw_encode
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.transports.binding import SessionBinding
 from duplex.transports.webrtc.ice import IcePolicy

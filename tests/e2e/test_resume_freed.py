@@ -18,7 +18,7 @@ import websockets
 
 from duplex.app_state import AppState
 from duplex.media.pcm import float_to_pcm16
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.session.resume import ResumeStore
 from duplex.settings import load_preset
 from duplex.transports.webrtc.ice import IcePolicy

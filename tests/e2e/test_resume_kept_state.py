@@ -18,7 +18,7 @@ import torch
 import websockets
 
 from duplex.app_state import AppState
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.transports.webrtc.ice import IcePolicy
 from harness.server import serving, write_preset

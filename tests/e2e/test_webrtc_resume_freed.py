@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from duplex.app_state import AppState
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.transports.webrtc.call import WebRTCCall
 from duplex.transports.webrtc.ice import IcePolicy

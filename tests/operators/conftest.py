@@ -15,7 +15,7 @@ import uvicorn
 import yaml
 
 from duplex.app_state import AppState
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.transports.webrtc.ice import IcePolicy
 from harness.server import ROOT, free_port

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 from aiortc import RTCSessionDescription
 
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.transports.webrtc.ice import IcePolicy
 from harness.mic import ScriptedMic

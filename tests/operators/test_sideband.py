@@ -20,7 +20,7 @@ import uvicorn
 import websockets
 
 from duplex.app_state import AppState
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.transports.sip.agent import SipAgent
 from duplex.transports.webrtc.ice import IcePolicy

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.models import StageContext
-from pipeline.models.toy.runners import make_relay
+from pipeline.models.toy import make_relay
 from pipeline.proto import COORDINATOR, Abort, AbortAck, Ready, StagePayload, StreamChunk, Submit
 from pipeline.scheduling import build_scheduler
 from pipeline.scheduling.base import ARSlot

@@ -21,7 +21,7 @@ from duplex.app_state import AppState
 from pipeline import runner
 from pipeline.coordinator import Coordinator, PipelineError
 from pipeline.models import StageContext
-from pipeline.models.toy.runners import make_talker
+from pipeline.models.toy import make_talker
 from pipeline.proto import COORDINATOR, Ready, StageCrashed
 from pipeline.scheduling import build_scheduler
 from pipeline.stage import Stage

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 
 from pipeline.coordinator import PipelineError
 from pipeline.models import StageContext
-from pipeline.models.toy.runners import make_talker
+from pipeline.models.toy import make_talker
 from pipeline.proto import COORDINATOR, AbortAck, Failed, Ready, StatsRequest, StreamChunk
 from pipeline.scheduling import build_scheduler
 from pipeline.stage import Stage

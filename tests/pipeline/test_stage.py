@@ -21,7 +21,7 @@ import torch
 
 from pipeline.config import StageConfig
 from pipeline.models import MergeFn, StageContext
-from pipeline.models.toy.runners import make_relay, make_talker
+from pipeline.models.toy import make_relay, make_talker
 from pipeline.proto import (
     COORDINATOR,
     Abort,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from duplex.app_state import AppState
-from duplex.serve import create_app
+from duplex.app import create_app
 from duplex.settings import load_preset
 from duplex.tools import mcp_session
 from duplex.tools.mcp_client import McpConnection

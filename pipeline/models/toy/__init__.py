@@ -20,20 +20,63 @@ that is not a function's result), and answers in words, with audio, when the tur
 function's result (or anything else). Tools offered to the toy this way take a ``words`` string.
 The thinker makes the choice; its output carries ``call`` (the function's name) to the detokenizer
 and the talker, which turn the answer into argument deltas and stay silent.
+
+The factories import the runners (and torch, for the tensors the thinker and talker pass on) when
+called, as the other model sets' do: the server's own process registers the model and never runs
+a stage of it in process mode, and a toy server starts ~1.5 s sooner without torch there.
 """
 
 from __future__ import annotations
 
-from pipeline.models import ModelSpec, register
-from pipeline.models.toy.runners import (
-    SAMPLE_RATE,
-    make_detok,
-    make_relay,
-    make_talker,
-    make_thinker,
-    make_vocoder,
-    merge_join,
-)
+from typing import Any
+
+from pipeline.models import ModelSpec, StageContext, register
+from pipeline.proto import StagePayload
+
+SAMPLE_RATE = 24000
+
+
+def make_thinker(ctx: StageContext) -> Any:
+    from pipeline.models.toy.runners import ToyThinker
+
+    return ToyThinker(ctx)
+
+
+def make_detok(ctx: StageContext) -> Any:
+    from pipeline.models.toy.runners import ToyDetok
+
+    return ToyDetok(ctx)
+
+
+def make_talker(ctx: StageContext) -> Any:
+    from pipeline.models.toy.runners import ToyTalker
+
+    return ToyTalker(ctx)
+
+
+def make_vocoder(ctx: StageContext) -> Any:
+    from pipeline.models.toy.runners import ToyVocoder
+
+    if ctx.stage.options.get("fail_to_load"):
+        raise RuntimeError("injected load failure")
+    return ToyVocoder(ctx)
+
+
+def make_relay(ctx: StageContext) -> Any:
+    from pipeline.models.toy.runners import ToyRelay
+
+    return ToyRelay(ctx)
+
+
+def merge_join(parts: dict[str, StagePayload]) -> StagePayload:
+    """Fan-in: the union of the sources' data (later sources in name order win on clashes)."""
+    first = next(iter(parts.values()))
+    data: dict[str, Any] = {}
+    for source in sorted(parts):
+        data.update(parts[source].data)
+    data["joined_from"] = sorted(parts)
+    return StagePayload(first.request_id, data, first.params)
+
 
 SPEC = register(
     ModelSpec(

@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from pipeline.models import StageContext
+from pipeline.models.toy import SAMPLE_RATE
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, BatchItem, RequestError
 
-SAMPLE_RATE = 24000
 FRAME_SAMPLES = 1920  # 80 ms at 24 kHz, like Qwen3-Omni's code2wav
 CODEBOOKS = 16
 
@@ -258,35 +258,3 @@ class ToyRelay:
             _check_fail(self._stage, item.payload.request_id, item.payload.params)
         stamp = {f"via_{self._stage}": time.perf_counter()}
         return [dict(item.payload.data, **stamp) for item in batch]
-
-
-def make_thinker(ctx: StageContext) -> ToyThinker:
-    return ToyThinker(ctx)
-
-
-def make_detok(ctx: StageContext) -> ToyDetok:
-    return ToyDetok(ctx)
-
-
-def make_talker(ctx: StageContext) -> ToyTalker:
-    return ToyTalker(ctx)
-
-
-def make_vocoder(ctx: StageContext) -> ToyVocoder:
-    if ctx.stage.options.get("fail_to_load"):
-        raise RuntimeError("injected load failure")
-    return ToyVocoder(ctx)
-
-
-def make_relay(ctx: StageContext) -> ToyRelay:
-    return ToyRelay(ctx)
-
-
-def merge_join(parts: dict[str, StagePayload]) -> StagePayload:
-    """Fan-in: the union of the sources' data (later sources in name order win on clashes)."""
-    first = next(iter(parts.values()))
-    data: dict[str, Any] = {}
-    for source in sorted(parts):
-        data.update(parts[source].data)
-    data["joined_from"] = sorted(parts)
-    return StagePayload(first.request_id, data, first.params)
