@@ -30,8 +30,9 @@ judgement separates finished turns from mid-sentence pauses with an AUC of ~0.89
 Input: 16 kHz mono float32 audio of the turn up to now, trailing silence included (the model was
 trained on turns that end a short silence after the last word). Longer than 8 s: only the last 8 s
 count. Shorter: padded with silence in front, as the model was trained. Features are Whisper's
-log-mel spectrogram with per-clip normalisation (``transformers``' ``WhisperFeatureExtractor``
-with ``chunk_length=8``: 80 mel bins x 800 frames).
+log-mel spectrogram with per-clip normalisation, as ``transformers``' ``WhisperFeatureExtractor``
+with ``chunk_length=8`` computes them (80 mel bins x 800 frames), in numpy
+(:mod:`duplex.turns.whisper_features`: that class imports torch).
 
 Cost: smart-turn is a fixed 8 s of features (~15 ms) plus the encoder (~55 ms on one core of
 this 2-core machine when quiet, 100-250 ms when its cores are shared), the same however short the
@@ -58,6 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from duplex.turns.prosody import final_pitch_fall
+from duplex.turns.whisper_features import WhisperLogMel
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +149,6 @@ class EndOfTurnModel:
 
     def __init__(self, path: Path | None = None) -> None:
         import onnxruntime as ort
-        from transformers import WhisperFeatureExtractor
 
         options = ort.SessionOptions()
         # One thread: a call is short and sessions run side by side; more threads per call only
@@ -161,7 +162,7 @@ class EndOfTurnModel:
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
         self._input = self._session.get_inputs()[0].name
-        self._features = WhisperFeatureExtractor(chunk_length=WINDOW_S, sampling_rate=SAMPLE_RATE)
+        self._features = WhisperLogMel()
         log.info("end-of-turn model loaded from %s", path)
 
     def probability(self, audio: np.ndarray) -> float:
@@ -179,15 +180,7 @@ class EndOfTurnModel:
         clip = np.asarray(audio, dtype=np.float32)[-samples:]
         # Silence in front, not behind: the end of the turn must sit at the end of the window.
         clip = np.pad(clip, (samples - len(clip), 0))
-        features = self._features(
-            clip,
-            sampling_rate=SAMPLE_RATE,
-            return_tensors="np",
-            padding="max_length",
-            max_length=samples,
-            truncation=True,
-            do_normalize=True,
-        ).input_features
+        features = self._features(clip)
         # The graph's output is named "logits" but already holds sigmoid probabilities.
         (output,) = self._session.run(None, {self._input: features.astype(np.float32)})
         return float(output[0, 0])

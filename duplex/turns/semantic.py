@@ -16,6 +16,8 @@ import asyncio
 import concurrent.futures
 import functools
 
+import numpy as np
+
 from duplex.turns.end_of_turn import shared_model
 from duplex.turns.semantic_policy import MIN_SILENCE_MS, Decision, decide, probability_with_words
 from duplex.turns.server_vad import TurnDetector
@@ -27,6 +29,12 @@ JUDGE_THREADS = 2
 @functools.cache
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(JUDGE_THREADS, thread_name_prefix="end-of-turn")
+
+
+def _probability(audio: np.ndarray) -> float:
+    """The model's answer, on a thread of the pool: the model too loads there, on first use,
+    never on the event loop."""
+    return shared_model().probability(audio)
 
 
 class SemanticTurnJudge:
@@ -50,7 +58,7 @@ class SemanticTurnJudge:
         if self._task is None and detector.silence_ms >= MIN_SILENCE_MS:
             audio = detector.turn_audio()
             loop = asyncio.get_running_loop()
-            self._task = loop.run_in_executor(_pool(), shared_model().probability, audio)
+            self._task = loop.run_in_executor(_pool(), _probability, audio)
             self._task.add_done_callback(functools.partial(self._answered, self._pause))
         p = probability_with_words(self._probability, self._words, self._finished_text)
         decision = decide(p, detector.silence_ms, eagerness, words=self._words)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import wave
 from pathlib import Path
 
@@ -170,6 +171,31 @@ def test_model_loads_from_the_installed_wheel_without_network(
     p = model.probability(audio)
     assert 0.0 <= p <= 1.0 and p == model.probability(audio)
     assert end_of_turn.shared_model() is end_of_turn.shared_model()
+
+
+def test_the_features_are_whisper_feature_extractors_without_torch(tmp_path: Path) -> None:
+    """smart-turn reads Whisper's log-mel features: ours (numpy) equal transformers' extractor's
+    (whose torch path the model was trained with) on speech padded in front as the model pads it,
+    and loading the model imports neither transformers nor torch (checked in a fresh process: an
+    import there stalled a call's audio)."""
+    from transformers import WhisperFeatureExtractor
+
+    from duplex.turns.whisper_features import WhisperLogMel
+
+    speech = _asked(_espeak("<speak>What is the capital of France?</speak>", tmp_path))
+    samples = end_of_turn.WINDOW_S * RATE
+    clip = np.pad(speech, (samples - len(speech), 0)).astype(np.float32)
+    expected = WhisperFeatureExtractor(chunk_length=end_of_turn.WINDOW_S, sampling_rate=RATE)(
+        clip, sampling_rate=RATE, return_tensors="np", padding="max_length", max_length=samples,
+        truncation=True, do_normalize=True).input_features
+    ours = WhisperLogMel()(clip)
+    assert ours.shape == expected.shape == (1, 80, 800)
+    assert np.abs(ours - expected).max() < 1e-4
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys; from duplex.turns.end_of_turn import EndOfTurnModel; "
+         "EndOfTurnModel(); print(sorted({'torch', 'transformers'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
 
 
 @pytest.mark.parametrize(("transcript", "words"), [
