@@ -118,11 +118,12 @@ async def port(app: FastAPI) -> AsyncIterator[int]:
 
 
 async def call(port: int, session: dict[str, Any], interrupt_after_s: float | None = None,
-               interruption: np.ndarray | None = None) -> Speakerphone:
+               interruption: np.ndarray | None = None, whole_turns: bool = False) -> Speakerphone:
     """One call: the question, then the answer heard on the speakerphone (and, with
     ``interrupt_after_s``, the caller's ``interruption`` that far into it: :data:`INTERRUPTION`
-    in a second espeak voice unless given, said in full and every turn it began committed), until
-    the answer is done and its echo has come back."""
+    in a second espeak voice unless given), until the answer is done and its echo has come back;
+    with ``whole_turns``, also until the interruption was said in full and every turn it began
+    was committed."""
     question = speech(QUESTION, RATE, 0.2, 0.0)
     if interruption is None:
         interruption = speech(INTERRUPTION, RATE, 0.0, 0.5, voice="en-us+f3")
@@ -143,7 +144,7 @@ async def call(port: int, session: dict[str, Any], interrupt_after_s: float | No
             await phone.until(lambda: not len(phone._queue) and phone.echo.quiet, "the echo")
             quiet_until = phone.sent + int(0.8 * RATE)
             await phone.until(lambda: phone.sent >= quiet_until, "the echo's tail")
-            if interrupt_after_s is not None:
+            if whole_turns:
                 await phone.until(lambda: phone.sent - phone.talk_at >= len(interruption),
                                   "the interruption said")
                 await phone.until(lambda: len(phone.of("input_audio_buffer.committed")) ==
@@ -211,7 +212,7 @@ async def test_the_callers_words_over_the_echo_come_through_the_canceller(
     pipeline = app.state.duplex.pipeline
     before = len(pipeline.requests)
     await call(port, audio_input(noise_reduction=noise_reduction), interrupt_after_s=1.5,
-               interruption=natural_speech(CORRECTION, RATE, 0.0, 0.5))
+               interruption=natural_speech(CORRECTION, RATE, 0.0, 0.5), whole_turns=True)
     # The question's turn, then the caller's words over the echo: one turn, or more where the
     # VAD heard a pause in them (turn-taking, not what this test is about).
     turns = [request.inputs["messages"][-1] for request in pipeline.requests[before + 1:]]
