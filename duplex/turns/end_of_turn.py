@@ -182,7 +182,7 @@ class EndOfTurnModel:
         clip = np.pad(clip, (samples - len(clip), 0))
         features = self._features(clip)
         # The graph's output is named "logits" but already holds sigmoid probabilities.
-        (output,) = self._session.run(None, {self._input: features.astype(np.float32)})
+        (output,) = self._session.run(None, {self._input: features})
         return float(output[0, 0])
 
 

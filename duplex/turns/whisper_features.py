@@ -5,11 +5,10 @@ Why not that class: importing it imports transformers and torch (~2.5 s where no
 them before), which the server process needs for nothing else. The end-of-turn model loads at
 the first pause of the first semantic_vad session, and those imports there, holding the GIL,
 stalled that call's audio (a LiveKit client's next question went unheard). The computation is the
-extractor's own
-numpy path: the waveform normalised to zero mean and unit variance, a centred STFT (400-sample
-periodic Hann window, hop 160, reflect padding), the power spectrum through 80 Slaney mel filters
-from 0 to 8 kHz, log10 floored at 1e-10, the last frame dropped, the range clamped to 8 below the
-maximum and scaled as ``(x + 4) / 4``. ``tests/duplex/test_end_of_turn.py`` checks it against the
+extractor's own numpy path: the waveform normalised to zero mean and unit variance, a centred STFT
+(400-sample periodic Hann window, hop 160, reflect padding), the power spectrum through 80 Slaney
+mel filters from 0 to 8 kHz, log10 floored at 1e-10, the last frame dropped, the range clamped to
+8 below the maximum and scaled as ``(x + 4) / 4``. ``tests/duplex/test_end_of_turn.py`` checks it against the
 extractor.
 
 Stateless after construction (the window and the filter bank); shared by the process's one model.

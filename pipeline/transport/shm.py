@@ -63,7 +63,7 @@ def _torch_tensor(obj: Any) -> bool:
 
 def _raw_bytes(obj: Any) -> tuple[np.ndarray, bool, str, tuple[int, ...]] | None:
     """The bytes of a plain dense tensor or array, or None for what pickle must handle itself
-    (sparse or quantized tensors, object or structured arrays)."""
+    (sparse or quantized tensors, object or structured arrays, anything else)."""
     if _torch_tensor(obj):
         import torch
 
@@ -99,8 +99,6 @@ class _LiftingPickler(pickle.Pickler):
         self.size = 0
 
     def persistent_id(self, obj: Any) -> _Ref | _Inline | None:
-        if not isinstance(obj, np.ndarray) and not _torch_tensor(obj):
-            return None
         raw = _raw_bytes(obj)
         if raw is None:
             return None
