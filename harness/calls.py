@@ -7,6 +7,7 @@ A Call belongs to the test or benchmark that opened it and lives until ``hang_up
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -119,6 +120,13 @@ async def wait_stages_idle(server: ServerProcess, stages: list[str] = TOY_STAGES
             return
         assert asyncio.get_running_loop().time() < deadline, live
         await asyncio.sleep(0.25)  # the gauges arrive with the stages' periodic stats
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Until ``condition()`` holds: for gauges of another process, which are reported periodically."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.25)
 
 
 async def wait_metric(server: ServerProcess, name: str, at_least: float) -> None:

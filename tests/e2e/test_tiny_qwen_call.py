@@ -6,7 +6,7 @@ spoken, and a barge-in clears every stage."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,6 +16,7 @@ from harness.calls import (
     QUESTION,
     Call,
     audible_seconds,
+    eventually,
     hang_up,
     open_call,
     wait_stages_busy,
@@ -89,9 +90,3 @@ async def test_tiny_qwen_answers_and_is_interrupted(server: ServerProcess) -> No
     # The session's end freed the conversation's kept state.
     await eventually(lambda: server.metric("pipeline_conversations_kept", {"stage": "thinker"}) == 0)
     assert server.metric("pipeline_conversation_state_bytes", {"stage": "thinker"}) == 0
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.25)  # gauges of another process, reported periodically
