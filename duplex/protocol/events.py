@@ -72,12 +72,14 @@ def format_object(kind: str) -> dict[str, Any]:
 
 
 def usage_object(input_tokens: int, output_tokens: int, input_audio_s: float,
-                 output_audio_s: float) -> dict[str, Any]:
-    """``response.usage``: token counts (the model's where it reports them) and, beyond OpenAI's
-    fields, the seconds of audio the model heard and spoke."""
+                 output_audio_s: float, cached_tokens: int = 0) -> dict[str, Any]:
+    """``response.usage``: token counts (the model's where it reports them; ``cached_tokens``:
+    input tokens whose KV the model kept from the conversation's earlier turns) and, beyond
+    OpenAI's fields, the seconds of audio the model heard and spoke."""
     return {"total_tokens": input_tokens + output_tokens, "input_tokens": input_tokens,
             "output_tokens": output_tokens,
-            "input_token_details": {"text_tokens": input_tokens, "audio_tokens": 0, "cached_tokens": 0},
+            "input_token_details": {"text_tokens": input_tokens, "audio_tokens": 0,
+                                    "cached_tokens": cached_tokens},
             "output_token_details": {"text_tokens": output_tokens, "audio_tokens": 0},
             "input_audio_seconds": round(input_audio_s, 3), "output_audio_seconds": round(output_audio_s, 3)}
 

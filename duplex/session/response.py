@@ -332,7 +332,8 @@ class Response:
         usage = self.model_usage or {}
         return usage_object(int(usage.get("prompt_tokens", 0)),
                             int(usage.get("completion_tokens", self.text_deltas)),
-                            self.input_audio_s, self.audio_ms / 1000 if self.speaks else 0.0)
+                            self.input_audio_s, self.audio_ms / 1000 if self.speaks else 0.0,
+                            int(usage.get("cached_tokens", 0)))
 
     def _announce(self, previous: str | None) -> None:
         self._previous = previous

@@ -14,6 +14,7 @@ import pytest
 from harness.calls import (
     Call,
     audible_seconds,
+    eventually,
     hang_up,
     open_call,
     wait_metric,
@@ -55,6 +56,7 @@ async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent
         server: ServerProcess, transcriber: Transcriber) -> None:
     call = await open_call(server)
     loop = asyncio.get_running_loop()
+    usages = []
     for turn, (question, answer) in enumerate(
             [("What is the capital of France?", "paris"), ("What is the capital of Japan?", "tokyo")], 1):
         start = loop.time()
@@ -63,9 +65,13 @@ async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent
         assert done["response"]["status"] == "completed", done
         said = done["response"]["output"][0]["content"][0]["transcript"]
         assert answer in said.lower(), said
+        usages.append(done["response"]["usage"])
         await call.wait_event("output_audio_buffer.stopped", turn)
         heard = await asyncio.to_thread(transcriber.transcribe, agent_audio(call, start), 48000)
         assert wer(said, heard) <= 0.35, (said, heard)
+    # The second turn's prompt continues the first's, whose KV the language model kept: at least
+    # the whole first prompt is not prefilled again.
+    assert usages[1]["input_token_details"]["cached_tokens"] >= usages[0]["input_tokens"] > 0, usages
     # A long answer, interrupted soon after it starts: the language model writes it for a few
     # seconds and the synthesis follows, so the abort finds the request still in flight (the
     # abort-to-clear histogram counts only aborts of requests in flight, acknowledged by every
@@ -87,8 +93,12 @@ async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent
     assert audible_seconds(call, since=now + 0.2) == 0.0
     # The interruption is the next turn, and it is answered.
     assert (await call.wait_event("response.done", 4))["response"]["status"] == "completed"
+    # The language model keeps this one conversation's KV, and frees it when the call ends.
+    await eventually(lambda: server.metric("pipeline_conversations_kept", {"stage": "lm"}) == 1)
     await hang_up(server, call)
     await wait_stages_idle(server, STAGES)
+    await eventually(lambda: server.metric("pipeline_conversations_kept", {"stage": "lm"}) == 0)
+    assert server.metric("pipeline_conversation_state_bytes", {"stage": "lm"}) == 0
 
 
 async def test_a_backchannel_over_the_agent_lets_it_go_on(server: ServerProcess) -> None:

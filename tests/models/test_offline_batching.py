@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("faster_whisper")
 
+from harness.lm_runner import answer, lm_slot
 from harness.speech import speech
 from pipeline.config import StageConfig
 from pipeline.models import StageContext
@@ -84,36 +85,17 @@ def language_model():
     from pipeline.models.offline.lm import LanguageModel
 
     stage = StageConfig(name="lm", runner="lm", scheduler="ar", max_new_tokens=48,
-                        terminal=True, max_batch=4, options={"repetition_penalty": 1.1})
+                        terminal=True, max_batch=4, options={})
     return LanguageModel(StageContext(stage, {"lm": "packaged"}))
 
 
 def _slot(language_model, index: int, prompt: str, cap: int = 48) -> ARSlot:
-    payload = StagePayload(f"q{index}", {"messages": [{"role": "user", "text": prompt}]})
-    return ARSlot(payload.request_id, {}, language_model.new_state(payload), cap,
-                  input_closed=True)
-
-
-def _answer(language_model, slots: list[ARSlot]) -> list[tuple[list[int], str]]:
-    """Step the slots together as the ``ar`` scheduler does until each has finished: each slot's
-    token ids and the text its steps streamed."""
-    texts = {slot.request_id: "" for slot in slots}
-    answers = {}
-    running = list(slots)
-    while running:
-        for slot, result in zip(running, language_model.step(running), strict=True):
-            slot.steps += 1
-            texts[slot.request_id] += (result.data or {}).get("text", "")
-            if result.finished or slot.steps >= slot.cap:
-                answers[slot.request_id] = (list(slot.state.ids), texts[slot.request_id])
-                language_model.release(slot)
-        running = [slot for slot in running if slot.state is not None]
-    return [answers[slot.request_id] for slot in slots]
+    return lm_slot(language_model, f"q{index}", [{"role": "user", "text": prompt}], cap)
 
 
 @pytest.fixture(scope="module")
 def answered_alone(language_model) -> list[tuple[list[int], str]]:
-    return [_answer(language_model, [_slot(language_model, i, p)])[0]
+    return [answer(language_model, [_slot(language_model, i, p)])[0]
             for i, p in enumerate(PROMPTS)]
 
 
@@ -122,15 +104,15 @@ def test_requests_decoded_side_by_side_answer_as_each_alone(
     language_model, answered_alone: list[tuple[list[int], str]], size: int
 ) -> None:
     slots = [_slot(language_model, i, p) for i, p in enumerate(PROMPTS[:size])]
-    together = _answer(language_model, slots)
+    together = answer(language_model, slots)
     assert together == answered_alone[:size]
     assert len({tuple(ids) for ids, _ in together}) == size  # different answers, not one repeated
     assert all(text for _, text in together)
 
 
-def test_a_second_request_does_not_wait_for_the_whole_first_answer(language_model) -> None:
-    """Its first token comes while the first request's decoder is still running (CTranslate2's one
-    worker thread per slot of ``max_batch``): one thread would finish the whole first answer first."""
+def test_a_second_request_does_not_wait_for_the_whole_firstanswer(language_model) -> None:
+    """Its first token comes while the first request's decoder is still running (one decoding
+    thread per request): one thread would finish the whole first answer first."""
     first = _slot(language_model, 10, "Tell me a long story about a brave dragon and a princess.",
                   cap=96)
     language_model.step([first])
@@ -140,7 +122,7 @@ def test_a_second_request_does_not_wait_for_the_whole_first_answer(language_mode
         while not second.state.ids:
             language_model.step([first, second])
             seen += 1
-        assert not first.state.job.done(), "the first answer ended before the second began"
+        assert first.state.decoder.is_alive(), "the first answer ended before the second began"
     finally:
         language_model.release(first)
         language_model.release(second)
@@ -153,19 +135,19 @@ def test_spoken_answers_start_one_after_another_s_first_tokens() -> None:
     from pipeline.models.offline.lm import LanguageModel
 
     stage = StageConfig(name="lm", runner="lm", scheduler="ar", max_new_tokens=48, terminal=True,
-                        max_batch=4, options={"repetition_penalty": 1.1, "pace_after_tokens": 4,
+                        max_batch=4, options={"pace_after_tokens": 4,
                                               "pace_tokens_per_s": 50})
     paced = LanguageModel(StageContext(stage, {"lm": "packaged"}))
     first, second = (_slot(paced, 20 + i, p) for i, p in enumerate(PROMPTS[:2]))
     assert paced.runnable(first) and not paced.runnable(second)
     paced.step([first])
-    while len(first.state.ids) < 4 and not first.state.job.done():
+    while len(first.state.ids) < 4 and first.state.decoder.is_alive():
         assert not paced.runnable(second)
         paced.step([first])
     assert paced.runnable(second)
     second.steps = first.steps = 0
-    together = _answer(paced, [first, second])
-    alone = [_answer(paced, [_slot(paced, 30 + i, p)])[0] for i, p in enumerate(PROMPTS[:2])]
+    together = answer(paced, [first, second])
+    alone = [answer(paced, [_slot(paced, 30 + i, p)])[0] for i, p in enumerate(PROMPTS[:2])]
     assert together[1] == alone[1] and together[0][0] == alone[0][0]
 
 

@@ -61,7 +61,7 @@ class FinishedText:
         prepared = prepare_lm(lm_source(choice))
         self._tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir)
         self._generator = ctranslate2.Generator(
-            str(prepared.model_dir), device="cpu", compute_type="int8", intra_threads=threads,
+            str(prepared.ct2_dir), device="cpu", compute_type="int8", intra_threads=threads,
             inter_threads=1,
         )
         vocab = self._tokenizer.get_vocab()
@@ -71,7 +71,7 @@ class FinishedText:
         if not ends:
             raise RuntimeError(f"{prepared.tokenizer_dir}: no token ends a message")
         self._ends = np.array(sorted(set(ends)))
-        log.info("text end-of-turn judge loaded from %s", prepared.model_dir)
+        log.info("text end-of-turn judge loaded from %s", prepared.ct2_dir)
 
     def probability(self, transcript: str, context: str | None = None) -> float:
         """P(finished) for the user's ``transcript`` so far, after the assistant's ``context``

@@ -1,19 +1,26 @@
-"""The ``lm`` stage: a small instruction-tuned language model on CTranslate2, streamed per token.
+"""The ``lm`` stage: a small instruction-tuned language model on onnxruntime-genai, streamed per token.
 
 It is the text terminal: ``{"text": delta}`` per step (a token, or the tokens queued since the last
 step); the same chunks stream to the ``tts`` stage.
 (The user's words, ``input_transcript``, come from the ``asr`` stage, a terminal too.)
 
-CTranslate2 decodes a request in its own job (``generate_batch(asynchronous=True)``) and hands each
-token to a callback, which puts it on the request's queue; ``step`` starts the jobs of new requests
-and then takes, for every request of the batch, its next token and any others already queued. The
-generator has one worker thread per slot of the stage's ``max_batch`` (``inter_threads``), so the
-requests of a batch decode side by side: a second caller's prefill does not wait for a whole first
-answer. True batching was measured and not taken: ``generate_batch`` over several prompts decodes
-in lockstep, only requests that start together, and on this CPU took 2.4x as long for 4 short
-questions as one after another, with a padded prompt's tokens differing from its answer alone. A
-step emits at least one token per request, so the ``ar`` scheduler's step cap is never below the
-token count; CTranslate2's own ``max_length`` (the slot's cap) bounds the tokens.
+Each request decodes on its own thread with its own onnxruntime-genai generator (int8 weights,
+``sources.py``), which puts every token on the request's queue; ``step`` starts the threads of new
+requests and then takes, for every request of the batch, its next token and any others already
+queued, so the requests of a batch decode side by side and a second caller's prefill does not
+wait for a whole first answer. (onnxruntime-genai 0.18's Python binding holds the GIL while it
+computes: the decoders take turns token by token, and the stage runs in a process of its own,
+where no other stage's Python waits for them.) A step emits at least one token per request, so
+the ``ar`` scheduler's step cap is never below the token count; the decoding thread stops at the
+slot's cap itself.
+
+A conversation's KV is kept between its requests (``lm_cache.py``; ``params["conversation_id"]``,
+which the session sends where the preset keeps model state): a turn prefills only what its prompt
+adds to the longest prefix the kept KV shares with it, ~20-60 tokens rather than the whole
+history: the first token ~70-90 ms on the tenth turn as on the second. Measured on one core
+(``evaluation/lm_runtime_bench.py``): ~3 ms a token of full prefill, 10-15 ms a decoded token,
+where CTranslate2 int8 (the runtime before) took ~1.1 and 21-27 ms. ``usage.cached_tokens`` says
+how many prompt tokens came from the cache.
 
 Answers decoded side by side share the CPU with the ``tts`` stage: spoken answers start one at a
 time, the next when the one before has had its first tokens, and a decoder past its first tokens
@@ -26,22 +33,17 @@ step, nothing decoded: the ``tts`` stage speaks them as given.
 
 An answer ends after the stage's ``max_sentences`` sentences (0: no limit), where a further one
 begins (:func:`sentences_end`). A voice agent should answer in a sentence or two, and a small
-model's instructions say so to no avail: SmolLM2 went on to 96 tokens of a list. Every sentence
-spoken is also prefilled again on each later turn (the conversation is prompted anew), so long
-answers make every later first token later.
+model's instructions say so to no avail: SmolLM2 went on to 96 tokens of a list.
 
 Per-request state: one ``Generation`` in the scheduler's ARSlot, from the request's arrival until
-``release`` (end, failure or abort). Releasing sets the request's stop flag, which the callback
-returns to CTranslate2 at its next token, so the decoder stops within one token (a prefill in
-progress finishes first) and its KV cache is freed with the job. No state is kept between requests:
-the prompt is prefilled anew each turn (~0.1-0.2 s for a short conversation on one core).
-CTranslate2 caches a prefix only as a ``static_prompt`` (one system prompt, not a growing
-conversation); measured with the preset's instructions it saved ~25% of a first turn's prefill but
-changed one of four greedy answers, so it is not used.
+``release`` (end, failure or abort). Releasing sets the request's stop flag, which its thread reads
+before each token and between pieces of its prefill (``PREFILL_PIECE`` tokens), so it stops within
+one token or piece; its generator then goes back to the conversation's cache (or is freed).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import re
@@ -51,10 +53,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.models import StageContext
+from pipeline.models.offline.lm_cache import PrefixCache
 from pipeline.models.offline.pacing import Pacer, Ticket
-from pipeline.models.offline.sources import lm_source, prepare_lm
+from pipeline.models.offline.sources import GENAI_CONFIG, lm_source, prepare_lm
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
+from pipeline.scheduling.conversation_book import SESSION_PARAM, Budget
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,8 @@ DEFAULT_INSTRUCTIONS = (
     "English, without lists or markup."
 )
 _TOKEN_TIMEOUT_S = 60.0  # a decoder that produced nothing for this long is broken, not slow
+PREFILL_PIECE = 64  # prompt tokens prefilled at a time: a stop is read between pieces
+KV_BYTES = 4  # float32 keys and values (the CPU int8 model's)
 # A sentence ends at . ? or ! (and closing quotes or brackets) where the next one has begun: a
 # decimal point or a mark at the end of the text so far ends nothing yet.
 _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s+\S)")
@@ -83,13 +89,23 @@ def sentences_end(text: str, max_sentences: int) -> int | None:
     return ordered[max_sentences - 1] if len(ordered) >= max_sentences else None
 
 
+@dataclass(frozen=True)
+class Step:
+    """One decoded token; ``is_last``: the answer ends with it (an end token or the cap)."""
+
+    token_id: int
+    is_last: bool
+
+
 @dataclass(eq=False)  # compared by identity: the runner finds it in its waiting list
 class Generation:
-    """One request's decoding: its prompt, the tokens CTranslate2 handed over, the text so far."""
+    """One request's decoding: its prompt, the tokens its thread handed over, the text so far."""
 
-    prompt: list[str]
-    job: Any = None
-    steps: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    prompt: list[int]
+    conversation: str | None = None  # whose kept KV it may continue (``params["conversation_id"]``)
+    decoder: threading.Thread | None = None
+    failure: Exception | None = None  # what ended the decoder, where something did
+    steps: queue.SimpleQueue[Step] = field(default_factory=queue.SimpleQueue)
     stop: threading.Event = field(default_factory=threading.Event)
     ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -97,40 +113,39 @@ class Generation:
     paced: bool = False  # its answer is spoken: its decoder keeps to the stage's pace
     said: str | None = None  # the words the answer must be (``params["say"]``): nothing is decoded
     ticket: Ticket | None = None  # its place in the pacer, from its start until it ends
+    cached: int = 0  # prompt tokens the conversation's kept KV already held
 
 
 class LanguageModel:
     """The ``lm`` stage's ARRunner."""
 
     def __init__(self, ctx: StageContext) -> None:
-        import ctranslate2
+        import onnxruntime_genai as og
         from transformers import AutoTokenizer
 
         options = ctx.stage.options
-        prepared = prepare_lm(
-            lm_source(str(ctx.model_args.get("lm", "packaged"))),
-            str(options.get("quantization", "int8")),
-        )
+        prepared = prepare_lm(lm_source(str(ctx.model_args.get("lm", "packaged"))))
         self._tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir)
         if not self._tokenizer.chat_template:
             raise RuntimeError(
                 f"the language model's tokenizer ({prepared.tokenizer_dir}) has no chat template"
             )
-        self._generator = ctranslate2.Generator(
-            str(prepared.model_dir),
-            device="cpu",
-            compute_type=str(options.get("compute_type", "int8")),
-            intra_threads=ctx.stage.threads,
-            inter_threads=ctx.stage.max_batch,  # one decoding job per request of a batch
-        )
+        config = og.Config(str(prepared.genai_dir))
+        threads = {"intra_op_num_threads": ctx.stage.threads, "inter_op_num_threads": 1}
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": threads}}}))
+        self._og = og
+        self._model = og.Model(config)
         self._instructions = str(options.get("default_instructions", DEFAULT_INSTRUCTIONS))
         self._max_prompt_tokens = int(options.get("max_prompt_tokens", 2048))
+        self._max_length = self._max_prompt_tokens + ctx.stage.max_new_tokens
         self._repetition_penalty = float(options.get("repetition_penalty", 1.0))
         self._max_sentences = int(options.get("max_sentences", 0))
         self._pacer = Pacer(int(options.get("pace_after_tokens", 16)),
                             float(options.get("pace_tokens_per_s", 0)))
         eos = self._tokenizer.eos_token_id
         self._end_ids = [] if eos is None else [int(eos)]
+        self._cache = PrefixCache(Budget.from_options(options), _token_bytes(prepared.genai_dir),
+                                  self._max_length)
         # Spoken answers not started yet, oldest first: each starts when the pacer is idle.
         self._waiting: list[Generation] = []
 
@@ -147,7 +162,8 @@ class LanguageModel:
         ids = self._prompt_ids(payload.request_id, messages)
         log.info("request %s: prompt of %d tokens", payload.request_id, len(ids))
         modalities = payload.params.get("modalities") or ["text", "audio"]
-        state = Generation(self._tokenizer.convert_ids_to_tokens(ids),
+        conversation = payload.params.get(SESSION_PARAM)
+        state = Generation(ids, None if conversation is None else str(conversation),
                            paced="audio" in modalities and self._pacer.enabled)
         if state.paced:
             self._waiting.append(state)
@@ -201,7 +217,7 @@ class LanguageModel:
     def runnable(self, slot: ARSlot) -> bool:
         """Started, or free to start: a spoken answer waits for its turn (module doc)."""
         state: Generation = slot.state
-        if not state.paced or state.job is not None:
+        if not state.paced or state.decoder is not None:
             return slot.input_closed
         return slot.input_closed and self._waiting[0] is state and self._pacer.idle()
 
@@ -210,12 +226,12 @@ class LanguageModel:
 
     def step(self, slots: list[ARSlot]) -> list[ARStepResult]:
         for slot in slots:
-            if slot.state.job is None and slot.state.said is None:
-                self._start(slot)  # every new request's job first: they decode side by side
+            if slot.state.decoder is None and slot.state.said is None:
+                self._start(slot)  # every new request's decoder first: they decode side by side
         return [self._step_one(slot) for slot in slots]
 
     def _step_one(self, slot: ARSlot) -> ARStepResult:
-        """The request's next token and the others its job has queued meanwhile."""
+        """The request's next token and the others its decoder has queued meanwhile."""
         state: Generation = slot.state
         if state.said is not None:  # the whole answer in one step, as given
             state.text, state.ended = state.said, True
@@ -238,35 +254,60 @@ class LanguageModel:
 
     def _start(self, slot: ARSlot) -> None:
         state: Generation = slot.state
-        steps, stop, pacer = state.steps, state.stop, self._pacer
-        ticket = None
         if state.paced:
             self._waiting.remove(state)
-            ticket = state.ticket = pacer.begin()
+            state.ticket = self._pacer.begin()
+        state.decoder = threading.Thread(target=self._decode, args=(slot.request_id, state, slot.cap),
+                                         name=f"lm-{slot.request_id}", daemon=True)
+        state.decoder.start()
 
-        def on_token(step: Any) -> bool:  # CTranslate2's worker thread; True stops the decoder
-            steps.put(step)
-            if ticket is not None:
+    def _decode(self, request_id: str, state: Generation, cap: int) -> None:
+        """The request's thread: prefill what the kept KV lacks, then decode greedily up to
+        ``cap`` tokens or an end token, each token onto the request's queue, until stopped. Its
+        generator goes back to the conversation's cache at the end, whatever it holds."""
+        generator, reused = None, 0
+        if state.conversation is not None:
+            generator, reused = self._cache.take(state.conversation, state.prompt, cap)
+        try:
+            if generator is None:
+                generator = self._new_generator()
+            state.cached = reused
+            if reused:
+                log.info("request %s: %d of %d prompt tokens from the conversation's kept KV",
+                         request_id, reused, len(state.prompt))
+            for at in range(reused, len(state.prompt), PREFILL_PIECE):
+                if state.stop.is_set():
+                    return
+                generator.append_tokens(state.prompt[at : at + PREFILL_PIECE])
+            count = 0
+            while not state.stop.is_set():
+                generator.generate_next_token()
+                count += 1
+                step = Step(int(generator.get_next_tokens()[0]), generator.is_done() or count >= cap)
+                state.steps.put(step)
+                if state.ticket is not None:
+                    if step.is_last:
+                        self._pacer.end(state.ticket)
+                    else:
+                        self._pacer.after_token(state.ticket, state.stop)
                 if step.is_last:
-                    pacer.end(ticket)
-                else:
-                    pacer.after_token(ticket, stop)
-            return stop.is_set()
+                    break
+        except Exception as err:  # noqa: BLE001 - the request fails with it (``_next_steps``)
+            state.failure, generator = err, None
+        finally:
+            if state.conversation is not None:
+                self._cache.put(state.conversation, generator)
 
-        state.job = self._generator.generate_batch(
-            [state.prompt],
-            asynchronous=True,
-            beam_size=1,
-            sampling_topk=1,
-            max_length=slot.cap,
-            end_token=self._end_ids or None,
-            include_prompt_in_result=False,
-            repetition_penalty=self._repetition_penalty,
-            callback=on_token,
-        )[0]
+    def _new_generator(self) -> Any:
+        params = self._og.GeneratorParams(self._model)
+        # A dynamic KV cache: memory grows with the tokens held, not with ``max_length``.
+        params.set_search_options(max_length=self._max_length, do_sample=False,
+                                  repetition_penalty=self._repetition_penalty,
+                                  past_present_share_buffer=False)
+        return self._og.Generator(self._model, params)
 
-    def _next_steps(self, slot: ARSlot) -> list[Any]:
-        """The request's next token from the decoder and those queued after it, up to its last;
+    def _next_steps(self, slot: ARSlot) -> list[Step]:
+        """The request's next token from its decoder and those queued after it, up to its last;
         empty once it ended without one."""
         state: Generation = slot.state
         deadline = time.monotonic() + _TOKEN_TIMEOUT_S
@@ -276,16 +317,16 @@ class LanguageModel:
                 break
             except queue.Empty:
                 pass
-            if state.job.done():
+            if state.decoder is not None and not state.decoder.is_alive():
                 try:
-                    steps = [state.steps.get_nowait()]  # put just before the job ended
+                    steps = [state.steps.get_nowait()]  # put just before the decoder ended
                     break
                 except queue.Empty:
                     pass
-                try:
-                    state.job.result()
-                except Exception as err:
-                    raise RequestError(slot.request_id, f"language model failed: {err}") from err
+                if state.failure is not None:
+                    raise RequestError(
+                        slot.request_id, f"language model failed: {state.failure}"
+                    ) from state.failure
                 return []
             if time.monotonic() > deadline:
                 raise RequestError(
@@ -306,6 +347,7 @@ class LanguageModel:
                 "prompt_tokens": len(state.prompt),
                 "completion_tokens": len(state.ids),
                 "total_tokens": len(state.prompt) + len(state.ids),
+                "cached_tokens": state.cached,
             },
         }
 
@@ -313,9 +355,23 @@ class LanguageModel:
         state: Generation | None = slot.state
         if state is None:
             return
-        state.stop.set()  # the decoder stops at its next token and frees its cache
+        state.stop.set()  # the decoder stops at its next token or prefill piece
         if state.ticket is not None:
             self._pacer.end(state.ticket)
         elif state in self._waiting:
             self._waiting.remove(state)  # released before its turn came
         slot.state = None
+
+    # --- the ConversationCache protocol ---------------------------------------------------
+
+    def cached_conversations(self) -> dict[str, int]:
+        return self._cache.sizes()
+
+    def drop_cached(self, conversation_id: str) -> None:
+        self._cache.drop(conversation_id)
+
+
+def _token_bytes(genai_dir: Any) -> int:
+    """KV bytes per token of the model in ``genai_dir`` (keys and values of every layer)."""
+    decoder = json.loads((genai_dir / GENAI_CONFIG).read_text())["model"]["decoder"]
+    return 2 * decoder["num_hidden_layers"] * decoder["num_key_value_heads"] * decoder["head_size"] * KV_BYTES
