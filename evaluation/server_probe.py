@@ -6,7 +6,7 @@ for every process on the machine, so the benchmark compares these times with its
 ones). The wrappers only read arguments and results; behaviour and ordering are unchanged, and the
 cost is a few microseconds per call. Records (``k``):
 
-- ``event``: ``CallPeer.send_event`` of a turn event (the session sends ``speech_stopped`` right at
+- ``event``: ``WebRTCCall.send_event`` of a turn event (the session sends ``speech_stopped`` right at
   its end-of-turn decision), with the call id; ``peer`` maps the call to its outbound track once;
 - ``submit`` / ``first_audio``: ``Coordinator.stream`` started (the request is submitted at its
   first step) and yielded its first chunk carrying audio (to the session), with the request id;
@@ -38,7 +38,7 @@ import numpy as np
 from duplex import serve
 from duplex.media.paced_track import OutboundAudioTrack
 from duplex.session.response import Response
-from duplex.transports.webrtc.peer import CallPeer
+from duplex.transports.webrtc.call import WebRTCCall
 from pipeline.coordinator import Coordinator
 from pipeline.proto import OmniRequest, OutputChunk
 
@@ -77,20 +77,20 @@ class Probe:
         Response.__init__ = init  # type: ignore[method-assign]
 
     def _wrap_send_event(self) -> None:
-        original = CallPeer.send_event
+        original = WebRTCCall.send_event
 
         @functools.wraps(original)
-        def send_event(peer: CallPeer, event: dict[str, Any]) -> None:
+        def send_event(call: WebRTCCall, event: dict[str, Any]) -> None:
             kind = event.get("type")
             if kind in TURN_EVENTS:
-                if peer.outbound.id not in self._tracks_seen:
-                    self._tracks_seen.add(peer.outbound.id)
-                    self.record("peer", call=peer.call_id, track=peer.outbound.id)
+                if call.outbound.id not in self._tracks_seen:
+                    self._tracks_seen.add(call.outbound.id)
+                    self.record("peer", call=call.id, track=call.outbound.id)
                 status = event.get("response", {}).get("status")
-                self.record("event", call=peer.call_id, type=kind, status=status)
-            original(peer, event)
+                self.record("event", call=call.id, type=kind, status=status)
+            original(call, event)
 
-        CallPeer.send_event = send_event  # type: ignore[method-assign]
+        WebRTCCall.send_event = send_event  # type: ignore[method-assign]
 
     def _wrap_stream(self) -> None:
         original = Coordinator.stream
