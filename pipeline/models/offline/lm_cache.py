@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.scheduling.cache_budget import BudgetedEntries
 from pipeline.scheduling.conversation_book import Budget
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,6 @@ class _Entry:
     generator: Any  # onnxruntime_genai.Generator
     tokens: list[int]
     """The tokens its KV holds, oldest first."""
-    nbytes: int
 
 
 def shared_prefix(held: list[int], prompt: list[int]) -> int:
@@ -54,10 +54,9 @@ def shared_prefix(held: list[int], prompt: list[int]) -> int:
 
 class PrefixCache:
     def __init__(self, budget: Budget, token_bytes: int, max_length: int) -> None:
-        self._budget = budget
         self._token_bytes = token_bytes  # KV bytes per token
         self._max_length = max_length  # tokens a generator holds at most
-        self._entries: dict[str, _Entry] = {}  # least recently kept first (put re-inserts)
+        self._entries: BudgetedEntries[_Entry] = BudgetedEntries(budget)
         self._decoding: dict[str, int] = {}  # requests taken and not put back, per conversation
         self._dropped: set[str] = set()  # conversations dropped while some of them decoded
         self._lock = threading.Lock()
@@ -72,7 +71,7 @@ class PrefixCache:
         The held tokens' last two are never reused: the last one sampled has no KV yet, and
         onnxruntime-genai 0.18 refuses a rewind of its dynamic cache to the length it holds."""
         with self._lock:
-            entry = self._entries.pop(conversation_id, None)
+            entry = self._entries.pop(conversation_id)
             self._decoding[conversation_id] = self._decoding.get(conversation_id, 0) + 1
         if entry is None:
             return None, 0
@@ -98,22 +97,17 @@ class PrefixCache:
                 self._decoding[conversation_id] = left
             else:
                 self._dropped.discard(conversation_id)
-            self._entries.pop(conversation_id, None)
-            if dropped or not tokens or nbytes > self._budget.max_bytes_per_conversation:
-                return
-            self._entries[conversation_id] = _Entry(generator, tokens, nbytes)
-            total = sum(e.nbytes for e in self._entries.values())
-            for cid in list(self._entries):
-                if total <= self._budget.max_bytes:
-                    break
-                total -= self._entries.pop(cid).nbytes
+            if dropped or not tokens:
+                self._entries.drop(conversation_id)
+            else:
+                self._entries.put(conversation_id, _Entry(generator, tokens), nbytes)
 
     def drop(self, conversation_id: str) -> None:
         with self._lock:
-            self._entries.pop(conversation_id, None)
+            self._entries.drop(conversation_id)
             if conversation_id in self._decoding:
                 self._dropped.add(conversation_id)
 
     def sizes(self) -> dict[str, int]:
         with self._lock:
-            return {cid: e.nbytes for cid, e in self._entries.items()}
+            return self._entries.sizes()

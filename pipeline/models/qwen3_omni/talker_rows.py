@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from pipeline.models.qwen3_omni.kv_pool import cache_bytes, crop_to
+from pipeline.scheduling.cache_budget import BudgetedEntries
 from pipeline.scheduling.conversation_book import Budget
 
 
@@ -35,7 +36,6 @@ class _Entry:
     rows: torch.Tensor
     """The user rows the KV holds [U, thinker hidden] (CPU)."""
     cache: DynamicCache
-    nbytes: int
 
 
 def shared_rows(kept: torch.Tensor, rows: torch.Tensor) -> int:
@@ -49,13 +49,12 @@ def shared_rows(kept: torch.Tensor, rows: torch.Tensor) -> int:
 
 class UserRowsCache:
     def __init__(self, budget: Budget) -> None:
-        self._budget = budget
-        self._entries: dict[str, _Entry] = {}  # least recently kept first (put re-inserts)
+        self._entries: BudgetedEntries[_Entry] = BudgetedEntries(budget)
 
     def take(self, conversation_id: str, rows: torch.Tensor) -> tuple[DynamicCache | None, int]:
         """The KV of the longest prefix of ``rows`` the conversation's entry holds, cropped to it,
         and that prefix's length (None, 0: nothing to reuse). The entry is the caller's now."""
-        entry = self._entries.pop(conversation_id, None)
+        entry = self._entries.pop(conversation_id)
         if entry is None:
             return None, 0
         n = shared_rows(entry.rows, rows)
@@ -67,18 +66,10 @@ class UserRowsCache:
     def put(self, conversation_id: str, rows: torch.Tensor, cache: DynamicCache) -> None:
         """Keep ``cache``, which holds exactly the KV of ``rows``, for the conversation's next request."""
         nbytes = cache_bytes(cache) + rows.numel() * rows.element_size()
-        self._entries.pop(conversation_id, None)
-        if nbytes > self._budget.max_bytes_per_conversation:
-            return
-        self._entries[conversation_id] = _Entry(rows, cache, nbytes)
-        total = sum(e.nbytes for e in self._entries.values())
-        for cid in list(self._entries):
-            if total <= self._budget.max_bytes:
-                break
-            total -= self._entries.pop(cid).nbytes
+        self._entries.put(conversation_id, _Entry(rows, cache), nbytes)
 
     def drop(self, conversation_id: str) -> None:
-        self._entries.pop(conversation_id, None)
+        self._entries.drop(conversation_id)
 
     def sizes(self) -> dict[str, int]:
-        return {cid: e.nbytes for cid, e in self._entries.items()}
+        return self._entries.sizes()
