@@ -23,6 +23,7 @@ class ScriptedPipeline:
     ready = True
     output_sample_rate = RATE
     input_modalities = ("text", "audio")
+    keeps_conversations = True  # as a thinker's kept state: cuts must be token-exact
 
     def __init__(self) -> None:
         self.requests: list[OmniRequest] = []

@@ -122,6 +122,11 @@ class Coordinator(CoordinatorFaults):
         return self._all_ready.is_set() and self._broken is None
 
     @property
+    def keeps_conversations(self) -> bool:
+        """Whether some stage keeps conversation state (``ModelPipeline.keeps_conversations``)."""
+        return self.conversations.keeps_any()
+
+    @property
     def failure(self) -> str | None:
         """Why the pipeline cannot serve any more (a stage crashed, it was closed), or None."""
         return None if self._broken is None else str(self._broken)

@@ -25,6 +25,12 @@ class ModelPipeline(Protocol):
     def input_modalities(self) -> tuple[str, ...]:
         """What the model takes in a request's messages ("text", "audio", ...)."""
 
+    @property
+    def keeps_conversations(self) -> bool:
+        """Whether some stage keeps conversation state that the history must match exactly (a
+        thinker's KV: a truncated answer must cut it token for token); false where stages at most
+        cache per conversation what a request's prompt re-derives."""
+
     def stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
         """Submit ``request`` and yield its output chunks; raises ``PipelineError`` (a stage failed
         it) or ``PipelineOverloaded``; leaving early aborts the request."""

@@ -16,7 +16,10 @@ the audio itself, after the response is done) must cut the kept state the same w
 which request's answer to cut, where the history's text is that of its first N answer tokens and
 nothing of the conversation is in flight; anywhere else the kept state cannot follow the history,
 and the conversation is dropped (now, or by the next request where a request may be in flight),
-so that the next turn is a full prefill rather than a continuation of a stale state.
+so that the next turn is a full prefill rather than a continuation of a stale state. Where no
+stage keeps state, only caches (``ModelPipeline.keeps_conversations`` false: the offline preset's
+LM, which reuses the longest prefix of its prompt that its cache holds, whatever the history
+says), a cut that is not token-exact drops nothing: the next request's prompt re-derives it.
 
 Prefill while the user speaks (:mod:`duplex.session.prefill`): a partial request (``until`` > 0
 seconds) leaves the state inside the user's turn ("open"): it covers the messages before the turn
@@ -127,6 +130,8 @@ class KeptModelState:
         by the next request."""
         if self._conversation is None:
             return None
+        if answer_tokens is None and not self._pipeline.keeps_conversations:
+            return None  # the pipeline's cache follows the history's text by itself
         settled = self._answer is not None
         if settled and not self._stale and self._answer == item_id and answer_tokens is not None:
             return self._request

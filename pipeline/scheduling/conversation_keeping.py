@@ -152,6 +152,10 @@ class ConversationKeeping:
     def keeps(self, stage: str) -> bool:
         return stage in self._keepers
 
+    def keeps_any(self) -> bool:
+        """Whether some ready stage keeps conversations (not only caches them)."""
+        return bool(self._keepers)
+
     def on_ready(self, stage: str, keeps: bool, caches: bool) -> None:
         for stages, has in ((self._keepers, keeps), (self._caches, caches)):
             if has:

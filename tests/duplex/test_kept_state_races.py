@@ -17,11 +17,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from duplex.session.model_state import KeptModelState
 from duplex.session.speculation import Speculation
 from harness.scripted_pipeline import RATE, ScriptedPipeline
 from harness.speech import speech, speech_with_pauses
 from pipeline.coordinator import Coordinator
 from pipeline.proto import Abort, DropConversation
+from pipeline.scheduling.conversation_book import SESSION_PARAM
 from tests.duplex.test_semantic_turns import Caller
 from tests.pipeline.test_unacknowledged_abort import FakeThinker, pipeline, request, resumed
 
@@ -149,3 +151,23 @@ async def test_a_withdrawn_turn_that_cannot_be_undone_drops_the_conversation(
     async for _ in coordinator.stream(request("r4", *fourth)):  # r2's state is not vouched for
         pass
     assert not await resumed(stage)
+
+
+async def test_a_cut_that_is_not_token_exact_keeps_a_cache_only_conversation() -> None:
+    """Where stages only cache per conversation (the offline LM), a truncation that names no
+    answer tokens keeps the conversation: nothing is closed, and the next request continues the
+    same one. Where a stage keeps state, the same cut drops it (the next turn starts afresh)."""
+    for keeps in (False, True):
+        pipeline = ScriptedPipeline()
+        pipeline.keeps_conversations = keeps
+        state = KeptModelState(pipeline, enabled=True)
+        first = [{"role": "user", "text": "Tell me a story.", "audio": None}]
+        cid = state.conversation_for(first, request_id="r1")[SESSION_PARAM]
+        state.answered("r1", "answer-1")
+        assert state.cut("answer-1", None) is None
+        await asyncio.sleep(0)  # a close, where there is one, runs on the loop
+        after = [*first, {"role": "assistant", "text": "Once upon", "audio": None},
+                 {"role": "user", "text": "Stop.", "audio": None}]
+        again = state.conversation_for(after, request_id="r2")[SESSION_PARAM]
+        assert (again == cid) is not keeps
+        assert pipeline.closed_conversations == ([cid] if keeps else [])

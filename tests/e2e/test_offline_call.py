@@ -91,8 +91,12 @@ async def test_questions_get_right_spoken_answers_and_a_barge_in_stops_the_agent
     now = loop.time()
     await call.peer.wait_for(lambda: any(t >= now + 1.0 for t, _, _ in call.peer.frames))
     assert audible_seconds(call, since=now + 0.2) == 0.0
-    # The interruption is the next turn, and it is answered.
-    assert (await call.wait_event("response.done", 4))["response"]["status"] == "completed"
+    # The interruption is the next turn, and it is answered; the LM's cache follows the cut
+    # history (a prefix of the text, not a token-exact cut), so it is not prefilled anew.
+    done = await call.wait_event("response.done", 4)
+    assert done["response"]["status"] == "completed"
+    usage = done["response"]["usage"]
+    assert usage["input_token_details"]["cached_tokens"] >= usages[1]["input_tokens"], usage
     # The language model keeps this one conversation's KV, and frees it when the call ends.
     await eventually(lambda: server.metric("pipeline_conversations_kept", {"stage": "lm"}) == 1)
     await hang_up(server, call)

@@ -253,6 +253,10 @@ class Recorded:
     async def close_conversation(self, conversation_id: str) -> None:
         await self.coordinator.close_conversation(conversation_id)
 
+    @property
+    def keeps_conversations(self) -> bool:
+        return self.coordinator.keeps_conversations
+
 
 async def test_a_client_truncation_then_the_next_turn_equals_generate(staged: Staged, reference_model) -> None:
     """A client that plays the audio itself truncates the answer after it was done: the session
