@@ -18,7 +18,8 @@ from pipeline.scheduling.conversation_book import SESSION_PARAM
 SYSTEM = {"role": "system", "text": "You are a helpful voice assistant. Answer in one short sentence."}
 FIRST = {"role": "user", "text": "What is the capital of France?"}
 SECOND = {"role": "user", "text": "And what is the capital of Japan?"}
-TOKEN_BYTES = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M's float32 keys and values: 30 layers, 3 KV heads of 64
+# SmolLM2-135M's float32 keys and values (30 layers, 3 KV heads of 64), counted twice as held.
+TOKEN_BYTES = 2 * 2 * 30 * 3 * 64 * 4
 
 
 def language_model(**options):
