@@ -6,6 +6,8 @@ onnxruntime-genai."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 pytest.importorskip("onnxruntime_genai")
@@ -113,3 +115,11 @@ def test_a_conversation_dropped_while_it_decodes_keeps_nothing(runner) -> None:
     # A later conversation is kept as before.
     ask(runner, "r2", [SYSTEM, FIRST], "c9")
     assert "c9" in runner.cached_conversations()
+
+
+def test_without_onnxruntime_genai_the_stage_names_what_to_install(monkeypatch) -> None:
+    from pipeline.models.offline.sources import MissingModelPackage
+
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # as if not installed
+    with pytest.raises(MissingModelPackage, match=r"onnxruntime-genai.*duplex\[offline\]"):
+        language_model()

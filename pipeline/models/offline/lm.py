@@ -55,7 +55,13 @@ from typing import Any
 from pipeline.models import StageContext
 from pipeline.models.offline.lm_cache import PrefixCache
 from pipeline.models.offline.pacing import Pacer, Ticket
-from pipeline.models.offline.sources import GENAI_CONFIG, lm_source, prepare_lm
+from pipeline.models.offline.sources import (
+    GENAI_CONFIG,
+    OFFLINE_EXTRA,
+    MissingModelPackage,
+    lm_source,
+    prepare_lm,
+)
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
 from pipeline.scheduling.conversation_book import SESSION_PARAM, Budget
@@ -124,7 +130,12 @@ class LanguageModel:
     """The ``lm`` stage's ARRunner."""
 
     def __init__(self, ctx: StageContext) -> None:
-        import onnxruntime_genai as og
+        try:
+            import onnxruntime_genai as og
+        except ImportError as err:
+            raise MissingModelPackage(
+                f"the language model runs on onnxruntime-genai, which is not installed: {OFFLINE_EXTRA}"
+            ) from err
         from transformers import AutoTokenizer
 
         options = ctx.stage.options

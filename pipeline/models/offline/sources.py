@@ -130,8 +130,13 @@ def prepare_lm(source: Path) -> PreparedLM:
 def _fingerprint(source: Path) -> str:
     """Changes when the source's files (a folder's too) or the conversion would change."""
     import ctranslate2
-    import onnxruntime_genai
 
+    try:
+        import onnxruntime_genai
+    except ImportError as err:
+        raise MissingModelPackage(
+            f"the language model is built for onnxruntime-genai, which is not installed: {OFFLINE_EXTRA}"
+        ) from err
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
     parts = [str(source.resolve()), "int8", ctranslate2.__version__, "genai int8",
              onnxruntime_genai.__version__]
