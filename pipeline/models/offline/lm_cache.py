@@ -97,9 +97,7 @@ class PrefixCache:
                 self._decoding[conversation_id] = left
             else:
                 self._dropped.discard(conversation_id)
-            if dropped or not tokens:
-                self._entries.drop(conversation_id)
-            else:
+            if tokens and not dropped:
                 self._entries.put(conversation_id, _Entry(generator, tokens), nbytes)
 
     def drop(self, conversation_id: str) -> None:
