@@ -85,6 +85,7 @@ def timed(runner: Any, slot: Any) -> tuple[float, float, str]:
 
 def run_conversation(turns: int) -> list[dict[str, Any]]:
     import ctranslate2
+    from transformers import AutoTokenizer
 
     from pipeline.models.offline.lm import LanguageModel
     from pipeline.models.offline.sources import lm_source, prepare_lm
@@ -94,8 +95,10 @@ def run_conversation(turns: int) -> list[dict[str, Any]]:
     stage = StageConfig(name="lm", runner="lm", scheduler="ar", max_new_tokens=96, terminal=True,
                         max_batch=1, threads=1, options=options)
     runner = LanguageModel(StageContext(stage, {"lm": "packaged"}))
-    ct2 = ctranslate2.Generator(str(prepare_lm(lm_source("packaged")).ct2_dir), device="cpu",
-                                compute_type="int8", intra_threads=1)
+    prepared = prepare_lm(lm_source("packaged"))
+    tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir)
+    ct2 = ctranslate2.Generator(str(prepared.ct2_dir), device="cpu", compute_type="int8",
+                                intra_threads=1)
     history: list[dict[str, str]] = [{"role": "system", "text": instructions}]
     # Warm-up: each runtime's first run allocates.
     timed(runner, lm_slot(runner, "warm", [*history, {"role": "user", "text": "Hello."}], cap=4))
@@ -108,7 +111,7 @@ def run_conversation(turns: int) -> list[dict[str, Any]]:
         anew = lm_slot(runner, f"a{turn}", history, cap=96)
         prompt = anew.state.prompt
         anew_first, anew_token, _ = timed(runner, anew)
-        ct2_first, ct2_token = time_ct2(ct2, runner._tokenizer.convert_ids_to_tokens(prompt))
+        ct2_first, ct2_token = time_ct2(ct2, tokenizer.convert_ids_to_tokens(prompt))
         rows.append({
             "turn": turn + 1, "prompt_tokens": len(prompt), "cached_tokens": state.cached,
             "kept_first_ms": round(kept_first * 1000, 1), "anew_first_ms": round(anew_first * 1000, 1),
